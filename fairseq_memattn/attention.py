@@ -1,0 +1,342 @@
+"""The attention family, behind one small interface.
+
+Every variant is an ``nn.Module`` with two methods:
+
+* ``build_memory(states, padding_mask)`` runs once per source, inside the
+  encoder. It turns the encoder states (B x S x E, in the same padding layout
+  as ``src_tokens``) into a *memory*: a dict of batch-first tensors. Only the
+  memory, never the encoder states themselves unless the variant really needs
+  them, travels through beam search, so reordering it is a plain
+  ``index_select`` on dim 0 (see :func:`reorder_memory`).
+* ``lookup(memory, query)`` runs for decoder states (B x T x H, T = 1 while
+  decoding step by step) and returns ``(context, weights)``: the context vector
+  c_i (B x T x context_dim, or None for no attention) and, when it can be had,
+  the alignment over source positions (B x T x S), which fairseq prints with
+  ``--print-alignment``.
+
+Equation numbers refer to Britz, Guan & Luong, "Efficient Attention using a
+Fixed-Size Memory Representation" (EMNLP 2017), and to de Brebisson & Vincent,
+"A Cheap Linear Attention Mechanism with Fast Lookups and Fixed-Size
+Representations" (2016) for the linear variants.
+"""
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Memory = Dict[str, Tensor]
+
+ATTENTION_TYPES = (
+    "none",
+    "additive",
+    "general",
+    "dot",
+    "scaled_dot",
+    "memory",
+    "linear",
+    "gated_linear",
+)
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+# Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
+# the paper); some implementations normalise each context over time instead.
+ENCODER_NORMALIZATIONS = ("contexts", "time")
+
+
+def reorder_memory(memory: Memory, new_order: Tensor) -> Memory:
+    """Select batch rows of a memory (beam search calls this at every step)."""
+    return {name: tensor.index_select(0, new_order) for name, tensor in memory.items()}
+
+
+def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:
+    """Fill masked scores with the dtype's most negative finite value.
+
+    Unlike -inf this keeps a fully masked row finite under softmax (it becomes
+    uniform instead of NaN), and it is representable in float16 and bfloat16.
+    """
+    return scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"invalid {name}: {value!r} (choose from {', '.join(map(str, choices))})"
+        )
+
+
+class Attention(nn.Module):
+    """Base class: see the module docstring for the interface."""
+
+    context_dim = 0
+
+    def __init__(self):
+        super().__init__()
+        # Alignments cost extra work at every decoder step for the fixed-size
+        # memories, so they are kept only when fairseq asks for them
+        # (--print-alignment sets this through make_generation_fast_).
+        self.keep_alignment = False
+
+    def build_memory(self, states: Tensor, padding_mask: Tensor) -> Memory:
+        raise NotImplementedError
+
+    def lookup(self, memory: Memory, query: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        raise NotImplementedError
+
+
+class NoAttention(Attention):
+    """The paper's "No Att" baseline: the decoder sees the source only through
+    its initial state."""
+
+    def build_memory(self, states, padding_mask):
+        return {}
+
+    def lookup(self, memory, query):
+        return None, None
+
+
+class ContentAttention(Attention):
+    """Standard content attention, Eq. 1-2: alpha_i = softmax(f_att(h_i, s)),
+    c_i = sum_j alpha_ij s_j.
+
+    The memory is the encoder states themselves (``values``) plus whatever part
+    of f_att depends on the source alone (``keys``), computed once per source
+    instead of at every decoder step.
+    """
+
+    def __init__(self, encoder_dim: int):
+        super().__init__()
+        self.context_dim = encoder_dim
+
+    def project_keys(self, states: Tensor) -> Tensor:
+        return states
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        """f_att for all pairs: (B x T x H, B x S x A) -> B x T x S."""
+        raise NotImplementedError
+
+    def build_memory(self, states, padding_mask):
+        return {"keys": self.project_keys(states), "values": states, "padding_mask": padding_mask}
+
+    def lookup(self, memory, query):
+        scores = self.score(query, memory["keys"])
+        scores = masked_fill_min(scores, memory["padding_mask"].unsqueeze(1))
+        weights = F.softmax(scores.float(), dim=-1).type_as(scores)  # Eq. 2
+        context = torch.bmm(weights, memory["values"])  # Eq. 1
+        return context, weights
+
+
+class AdditiveAttention(ContentAttention):
+    """Bahdanau: f_att(h_i, s_j) = v^T tanh(W [h_i; s_j]), with W split into its
+    source half (applied once, in the memory) and its decoder half."""
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, attention_dim: int):
+        super().__init__(encoder_dim)
+        self.source_proj = nn.Linear(encoder_dim, attention_dim, bias=False)
+        self.query_proj = nn.Linear(decoder_dim, attention_dim)
+        self.v = nn.Linear(attention_dim, 1, bias=False)
+
+    def project_keys(self, states):
+        return self.source_proj(states)
+
+    def score(self, query, keys):
+        hidden = torch.tanh(self.query_proj(query).unsqueeze(2) + keys.unsqueeze(1))
+        return self.v(hidden).squeeze(-1)
+
+
+class GeneralAttention(ContentAttention):
+    """Luong "general": f_att(h_i, s_j) = h_i^T W s_j, with W s_j kept in the memory."""
+
+    def __init__(self, encoder_dim: int, decoder_dim: int):
+        super().__init__(encoder_dim)
+        self.source_proj = nn.Linear(encoder_dim, decoder_dim, bias=False)
+
+    def project_keys(self, states):
+        return self.source_proj(states)
+
+    def score(self, query, keys):
+        return torch.bmm(query, keys.transpose(1, 2))
+
+
+class DotAttention(ContentAttention):
+    """Luong "dot": f_att(h_i, s_j) = h_i^T s_j (optionally / sqrt(D)); needs the
+    encoder output size to equal the decoder hidden size."""
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, scaled: bool):
+        super().__init__(encoder_dim)
+        if encoder_dim != decoder_dim:
+            raise ValueError(
+                f"dot attention compares encoder outputs with decoder states, so their sizes "
+                f"must match: encoder output size {encoder_dim} (2 x --encoder-hidden-size, "
+                f"bidirectional) != --decoder-hidden-size {decoder_dim}"
+            )
+        self.scale = 1.0 / math.sqrt(encoder_dim) if scaled else 1.0
+
+    def score(self, query, keys):
+        return torch.bmm(query, keys.transpose(1, 2)) * self.scale
+
+
+def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] = None) -> Tensor:
+    """The paper's "scoring function": softmax (normalised) or sigmoid (gates).
+
+    ``mask`` (True = padding) zeroes entries that must not count; softmax is
+    taken over the unmasked entries of ``dim`` only.
+    """
+    if name == "softmax":
+        if mask is not None:
+            scores = masked_fill_min(scores, mask)
+        probs = F.softmax(scores.float(), dim=dim).type_as(scores)
+    else:
+        probs = torch.sigmoid(scores)
+    if mask is not None:
+        probs = probs.masked_fill(mask, 0.0)
+    return probs
+
+
+def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) -> Tensor:
+    """Eq. 10 with the masking and renormalisation of Sec. 3.2.
+
+    L_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), k = 1..K the context index and
+    s = 1..|x| the position of a token within its own sentence (so left padding
+    does not shift it), S = ``max_len``. Entries beyond each sentence's length
+    are masked and every context's row is renormalised to sum to 1 over time.
+    Returns l: B x S_batch x K.
+    """
+    lengths = (~padding_mask).sum(dim=1)
+    too_long = lengths > max_len
+    if too_long.any():
+        raise ValueError(
+            f"source length {int(lengths.max())} exceeds the position-encoding maximum "
+            f"S = {max_len} (--max-source-positions); use a larger value or shorter sources"
+        )
+    s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
+    k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
+    L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
+    L = L.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+    return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+class MemoryAttention(Attention):
+    """The fixed-size memory attention of Sec. 3.
+
+    Encoder side, once per source (Eq. 4-5, with position encodings Eq. 8-10):
+        alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
+    Decoder side, per step (Eq. 6-7):
+        beta = score(W_beta h) in R^K,                 c = sum_k beta_k C_k
+    The memory is C (B x K x E); a decoder step costs O(KE) whatever |S| is.
+    Padding positions get alpha = 0, so they never contribute to C.
+
+    ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
+    K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
+    each context ("time"). It does not matter for sigmoid scores.
+    """
+
+    def __init__(
+        self,
+        encoder_dim: int,
+        decoder_dim: int,
+        num_contexts: int,
+        encoder_score: str = "softmax",
+        decoder_score: str = "softmax",
+        encoder_normalize: str = "contexts",
+        position_encoding_max_len: Optional[int] = None,
+    ):
+        super().__init__()
+        if not isinstance(num_contexts, int) or num_contexts < 1:
+            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
+        _check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
+        _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
+        _check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
+        self.context_dim = encoder_dim
+        self.num_contexts = num_contexts
+        self.encoder_score = encoder_score
+        self.decoder_score = decoder_score
+        self.encoder_normalize = encoder_normalize
+        self.position_encoding_max_len = position_encoding_max_len
+        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
+        self.W_beta = nn.Linear(decoder_dim, num_contexts, bias=False)  # Eq. 7
+
+    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
+        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings)."""
+        scores = self.W_alpha(states)
+        if self.position_encoding_max_len is not None:
+            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
+            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
+        dim = -1 if self.encoder_normalize == "contexts" else 1
+        return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
+
+    def build_memory(self, states, padding_mask):
+        alpha = self.encoder_scores(states, padding_mask)
+        memory = {"contexts": torch.bmm(alpha.transpose(1, 2), states)}  # Eq. 4: C = alpha^T s
+        if self.keep_alignment:
+            memory["alpha"] = alpha
+        return memory
+
+    def lookup(self, memory, query):
+        beta = score_function(self.decoder_score, self.W_beta(query), dim=-1)  # Eq. 7
+        context = torch.bmm(beta, memory["contexts"])  # Eq. 6
+        # Sec. 5: the alignment over source tokens is beta times alpha-transposed.
+        weights = torch.bmm(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory else None
+        return context, weights
+
+
+class LinearAttention(Attention):
+    """Cheap linear attention (de Brebisson & Vincent 2016): the softmax of
+    content attention removed, so c = sum_t s_t (s_t^T q) = C q with the E x E
+    memory C = sum_t s_t s_t^T, built once per source; q = W_q h.
+
+    ``gated``: each state writes only what a learned gate lets through,
+    u_t = sigmoid(W_g s_t + b_g) o s_t and C = sum_t u_t u_t^T.
+    We divide C by the source length so its scale does not grow with |S|
+    (the paper leaves C unnormalised; the division is a per-sentence constant).
+    """
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, gated: bool):
+        super().__init__()
+        self.context_dim = encoder_dim
+        self.query_proj = nn.Linear(decoder_dim, encoder_dim, bias=False)
+        self.gate = nn.Linear(encoder_dim, encoder_dim) if gated else None
+
+    def build_memory(self, states, padding_mask):
+        lengths = (~padding_mask).sum(dim=1).clamp_min(1).to(states.dtype)
+        written = states if self.gate is None else torch.sigmoid(self.gate(states)) * states
+        written = written.masked_fill(padding_mask.unsqueeze(-1), 0.0) / lengths.sqrt()[:, None, None]
+        memory = {"covariance": torch.bmm(written.transpose(1, 2), written)}
+        if self.keep_alignment:
+            memory["written"] = written
+        return memory
+
+    def lookup(self, memory, query):
+        q = self.query_proj(query)
+        context = torch.bmm(q, memory["covariance"])  # (C q)^T = q^T C, C symmetric
+        # c = sum_t u_t (u_t^T q): the (unnormalised) weight of source t is u_t^T q.
+        weights = torch.bmm(q, memory["written"].transpose(1, 2)) if "written" in memory else None
+        return context, weights
+
+
+def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
+    """Build the attention chosen by ``--attention-type`` and its options."""
+    kind = args.attention_type
+    _check_choice("--attention-type", kind, ATTENTION_TYPES)
+    if kind == "none":
+        return NoAttention()
+    if kind == "additive":
+        return AdditiveAttention(encoder_dim, decoder_dim, args.attention_dim or decoder_dim)
+    if kind == "general":
+        return GeneralAttention(encoder_dim, decoder_dim)
+    if kind in ("dot", "scaled_dot"):
+        return DotAttention(encoder_dim, decoder_dim, scaled=kind == "scaled_dot")
+    if kind == "memory":
+        return MemoryAttention(
+            encoder_dim,
+            decoder_dim,
+            num_contexts=args.memory_k,
+            encoder_score=args.memory_encoder_score,
+            decoder_score=args.memory_decoder_score,
+            encoder_normalize=args.memory_encoder_normalize,
+            position_encoding_max_len=args.max_source_positions
+            if args.memory_position_encoding
+            else None,
+        )
+    return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")

@@ -1,0 +1,329 @@
+"""LSTM encoder-decoder with a pluggable attention, registered with fairseq.
+
+Laid out like fairseq's own ``fairseq/models/lstm.py``: a model class that
+reads the command line, an encoder, an incremental decoder, and named
+architectures that fill in defaults. The attention (see ``attention.py``)
+is shared by both halves: the encoder builds its memory once per source, the
+decoder looks it up at every step.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .attention import (
+    ATTENTION_TYPES,
+    ENCODER_NORMALIZATIONS,
+    SCORE_FUNCTIONS,
+    build_attention,
+    reorder_memory,
+)
+
+DEFAULT_MAX_POSITIONS = 1024
+
+
+def roll_rows(x: Tensor, shifts: Tensor) -> Tensor:
+    """out[b, j] = x[b, (j - shifts[b]) mod S]: moves padding from one side of
+    each row to the other (x is B x S or B x S x D)."""
+    S = x.size(1)
+    index = (torch.arange(S, device=x.device).unsqueeze(0) - shifts.unsqueeze(1)) % S
+    if x.dim() == 3:
+        index = index.unsqueeze(-1).expand_as(x)
+    return x.gather(1, index)
+
+
+class MemAttnEncoder(FairseqEncoder):
+    """Bidirectional multi-layer LSTM; returns the attention's memory, not the states.
+
+    ``encoder_out`` is a dict of batch-first tensors:
+      * ``memory``: what the attention built from the states (see attention.py);
+      * ``final_state``: B x 4H, the top layer's last h and c in both
+        directions, from which the decoder starts.
+    For memory attention nothing here grows with |S|, so beam search, which
+    reorders ``encoder_out`` at every step, never copies the encoder states.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
+                 left_pad=True, max_source_positions=DEFAULT_MAX_POSITIONS):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.left_pad = left_pad
+        self.max_source_positions = max_source_positions
+        self.hidden_size = hidden_size
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=self.padding_idx)
+        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        nn.init.zeros_(self.embed_tokens.weight[self.padding_idx])
+        self.dropout = nn.Dropout(dropout)  # dropout on the input of every cell
+        self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
+                            dropout=dropout if num_layers > 1 else 0.0, bidirectional=True)
+        self.output_dim = 2 * hidden_size
+        self.final_state_dim = 4 * hidden_size
+        self.attention = attention
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        lengths = (~padding_mask).sum(dim=1)
+        # The LSTM reads each sentence from position 0, so left padding is
+        # moved to the right for it and the states are moved back afterwards:
+        # states and alignments then line up with src_tokens (fairseq #3625).
+        shift = (padding_mask.size(1) - lengths) if self.left_pad else torch.zeros_like(lengths)
+        tokens = roll_rows(src_tokens, -shift)
+
+        x = self.dropout(self.embed_tokens(tokens))
+        packed = pack_padded_sequence(x, lengths.cpu().clamp_min(1), batch_first=True,
+                                      enforce_sorted=False)
+        packed_out, (h_n, c_n) = self.lstm(packed)
+        states, _ = pad_packed_sequence(packed_out, batch_first=True,
+                                        total_length=src_tokens.size(1))
+        states = roll_rows(self.dropout(states), shift)
+
+        final_state = torch.cat([h_n[-2], h_n[-1], c_n[-2], c_n[-1]], dim=-1)
+        return {
+            "memory": self.attention.build_memory(states, padding_mask),
+            "final_state": final_state,
+        }
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return {
+            "memory": reorder_memory(encoder_out["memory"], new_order),
+            "final_state": encoder_out["final_state"].index_select(0, new_order),
+        }
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class MemAttnDecoder(FairseqIncrementalDecoder):
+    """Multi-layer LSTM decoder; output layer softmax(W [h_i; c_i] + b) (Eq. 3).
+
+    Without input feeding the LSTM runs over the whole target at once and all
+    attention lookups are one batched call. With input feeding the previous
+    context c_{i-1} is concatenated to the input at step i (as google/seq2seq,
+    which the paper used), which forces a loop over time in training.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
+                 encoder_final_state_dim, input_feeding=False,
+                 max_target_positions=DEFAULT_MAX_POSITIONS):
+        super().__init__(dictionary)
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.max_target_positions = max_target_positions
+        self.attention = attention
+        context_dim = attention.context_dim
+        self.input_feeding = input_feeding and context_dim > 0
+        self.need_attn = False
+
+        padding_idx = dictionary.pad()
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=padding_idx)
+        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        nn.init.zeros_(self.embed_tokens.weight[padding_idx])
+        self.dropout = nn.Dropout(dropout)
+        # The decoder starts from the encoder's final states ("bridge").
+        self.bridge = nn.Linear(encoder_final_state_dim, 2 * num_layers * hidden_size)
+        input_size = embed_dim + (context_dim if self.input_feeding else 0)
+        self.lstm = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True,
+                            dropout=dropout if num_layers > 1 else 0.0)
+        self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
+
+    def initial_state(self, encoder_out):
+        bsz = encoder_out["final_state"].size(0)
+        init = torch.tanh(self.bridge(encoder_out["final_state"]))
+        h0, c0 = init.view(bsz, 2, self.num_layers, self.hidden_size).permute(1, 2, 0, 3)
+        state = {"h": h0.contiguous(), "c": c0.contiguous()}
+        if self.input_feeding:
+            state["context"] = init.new_zeros(bsz, self.attention.context_dim)
+        return state
+
+    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, **kwargs):
+        features, attn = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return self.output_layer(features), {"attn": [attn]}
+
+    def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None):
+        state = None
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            state = self.get_incremental_state(incremental_state, "state")
+        if state is None:
+            state = self.initial_state(encoder_out)
+        memory = encoder_out["memory"]
+        x = self.dropout(self.embed_tokens(prev_output_tokens))
+
+        if self.input_feeding:
+            hidden, context, attn, state = self._run_with_input_feeding(x, memory, state)
+        else:
+            hidden, (h, c) = self.lstm(x, (state["h"], state["c"]))
+            state = {"h": h, "c": c}
+            context, attn = self.attention.lookup(memory, hidden)
+
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "state", state)
+        features = hidden if context is None else torch.cat([hidden, context], dim=-1)
+        return self.dropout(features), (attn if self.need_attn else None)
+
+    def _run_with_input_feeding(self, x, memory, state):
+        hiddens, contexts, attns = [], [], []
+        h, c, context = state["h"], state["c"], state["context"]
+        for step in range(x.size(1)):
+            step_input = torch.cat([x[:, step : step + 1], context.unsqueeze(1)], dim=-1)
+            hidden, (h, c) = self.lstm(step_input, (h, c))
+            step_context, step_attn = self.attention.lookup(memory, hidden)
+            context = step_context.squeeze(1)
+            hiddens.append(hidden)
+            contexts.append(step_context)
+            attns.append(step_attn)
+        attn = None if attns[0] is None else torch.cat(attns, dim=1)
+        new_state = {"h": h, "c": c, "context": context}
+        return torch.cat(hiddens, dim=1), torch.cat(contexts, dim=1), attn, new_state
+
+    def output_layer(self, features):
+        return self.output_projection(features)
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        state = self.get_incremental_state(incremental_state, "state")
+        if state is None:
+            return
+        reordered = {
+            name: tensor.index_select(1 if name in ("h", "c") else 0, new_order)
+            for name, tensor in state.items()
+        }
+        self.set_incremental_state(incremental_state, "state", reordered)
+
+    def max_positions(self):
+        return self.max_target_positions
+
+    def make_generation_fast_(self, need_attn=False, **kwargs):
+        if need_attn and self.attention.context_dim == 0:
+            raise ValueError(
+                "--print-alignment needs an attention to align with, but this model was "
+                "trained with --attention-type none"
+            )
+        self.need_attn = need_attn
+        self.attention.keep_alignment = need_attn
+
+
+@register_model("memattn_lstm")
+class MemAttnLSTMModel(FairseqEncoderDecoderModel):
+    """LSTM seq2seq with fixed-size memory attention or one of its baselines."""
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--encoder-embed-dim", type=int, metavar="N")
+        parser.add_argument("--encoder-hidden-size", type=int, metavar="N",
+                            help="units per direction of the bidirectional encoder")
+        parser.add_argument("--encoder-layers", type=int, metavar="N")
+        parser.add_argument("--decoder-embed-dim", type=int, metavar="N")
+        parser.add_argument("--decoder-hidden-size", type=int, metavar="N")
+        parser.add_argument("--decoder-layers", type=int, metavar="N")
+        parser.add_argument("--dropout", type=float, metavar="P",
+                            help="dropout on the input of every LSTM cell and on the output layer")
+        parser.add_argument("--input-feeding", action="store_true",
+                            help="feed the previous context into the decoder input")
+        parser.add_argument("--attention-type", choices=ATTENTION_TYPES)
+        parser.add_argument("--attention-dim", type=int, metavar="N",
+                            help="hidden size of additive attention (default: decoder hidden size)")
+        parser.add_argument("--memory-k", type=int, metavar="K",
+                            help="number of attention contexts K of memory attention")
+        parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
+        parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
+        parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
+                            help="axis of an encoder-side softmax: over the K contexts as in "
+                                 "Eq. 5 (contexts) or over source positions (time)")
+        # SUPPRESS so that an architecture's own default applies when neither is given.
+        parser.add_argument("--memory-position-encoding", action="store_true",
+                            default=argparse.SUPPRESS,
+                            help="multiply Eq. 10 position encodings into the encoder scores")
+        parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
+                            action="store_false", default=argparse.SUPPRESS,
+                            help="turn position encodings off")
+        parser.add_argument("--max-source-positions", type=int, metavar="N")
+        parser.add_argument("--max-target-positions", type=int, metavar="N")
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        check_sizes(args)
+        encoder_dim = 2 * args.encoder_hidden_size
+        attention = build_attention(args, encoder_dim, args.decoder_hidden_size)
+        encoder = MemAttnEncoder(
+            task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
+            args.encoder_layers, args.dropout, attention,
+            left_pad=getattr(args, "left_pad_source", True),
+            max_source_positions=args.max_source_positions,
+        )
+        decoder = MemAttnDecoder(
+            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
+            args.decoder_layers, args.dropout, attention, encoder.final_state_dim,
+            input_feeding=args.input_feeding, max_target_positions=args.max_target_positions,
+        )
+        return cls(encoder, decoder)
+
+
+def check_sizes(args):
+    for name in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
+                 "decoder_embed_dim", "decoder_hidden_size", "decoder_layers",
+                 "max_source_positions", "max_target_positions"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
+
+
+@register_model_architecture("memattn_lstm", "lstm_memattn")
+def base_architecture(args):
+    """The paper's copy-task setup (Sec. 4.1): 2x256 bi-LSTM encoder, 2x256
+    decoder, 256-d embeddings, dropout 0.2, memory attention with K = 32."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 256)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 256)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.dropout = getattr(args, "dropout", 0.2)
+    args.input_feeding = getattr(args, "input_feeding", False)
+    args.attention_type = getattr(args, "attention_type", "memory")
+    args.attention_dim = getattr(args, "attention_dim", None)
+    args.memory_k = getattr(args, "memory_k", 32)
+    args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
+    args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
+    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
+    args.memory_position_encoding = getattr(args, "memory_position_encoding", False)
+    args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
+    args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
+
+
+@register_model_architecture("memattn_lstm", "lstm_memattn_wmt")
+def wmt_architecture(args):
+    """The paper's WMT setup (Sec. 4.2): 512 units and embeddings, K = 64,
+    position encodings."""
+    for name in ("encoder_embed_dim", "encoder_hidden_size",
+                 "decoder_embed_dim", "decoder_hidden_size"):
+        setattr(args, name, getattr(args, name, 512))
+    args.memory_k = getattr(args, "memory_k", 64)
+    args.memory_position_encoding = getattr(args, "memory_position_encoding", True)
+    base_architecture(args)
+
+
+def _baseline(name, attention_type, doc):
+    def architecture(args):
+        args.attention_type = getattr(args, "attention_type", attention_type)
+        base_architecture(args)
+
+    architecture.__doc__ = doc
+    register_model_architecture("memattn_lstm", name)(architecture)
+
+
+_baseline("lstm_att", "additive", "Standard (Bahdanau) attention baseline, copy-task sizes.")
+_baseline("lstm_noatt", "none", "No-attention baseline, copy-task sizes.")
+_baseline("lstm_linatt", "linear", "Cheap linear attention (de Brebisson & Vincent), copy-task sizes.")

@@ -1,0 +1,20 @@
+from setuptools import setup
+
+setup(
+    name="fairseq_memattn",
+    version="0.1.0",
+    description="fairseq plugin: fixed-size memory attention (Britz, Guan & Luong, EMNLP 2017)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=["fairseq_memattn"],
+    python_requires=">=3.9",
+    # torch is not pinned here: install the build you want first (CPU or CUDA).
+    # fairseq is not listed either, so that pip never replaces your own fairseq
+    # checkout; choose a distribution explicitly (see README, "Which fairseq").
+    install_requires=["torch>=2.0", "numpy", "sacrebleu>=2.0", "sentencepiece"],
+    extras_require={
+        # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.
+        "ve-fairseq": ["ve-fairseq==0.12.3"],
+        "test": ["pytest", "hypothesis"],
+    },
+)
