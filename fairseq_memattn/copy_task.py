@@ -1,0 +1,114 @@
+"""The Sequence Copy task of the paper (Sec. 4.1, Table 1), as a fairseq task.
+
+``--task copy_task`` makes its data in memory, no files needed: a vocabulary of
+``--copy-vocab-size`` symbols ("0", "1", ...), each sequence's length drawn
+uniformly from 0 to ``--copy-max-len`` (0 included), the target equal to the
+source (or reversed with ``--copy-reverse``). Every split is a pure function of
+``--copy-seed`` and the split's name, so fairseq-validate and fairseq-generate
+see exactly the examples training saw, in any process. ``export_copy_data``
+writes the same examples as parallel text for fairseq-preprocess.
+"""
+
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+import torch
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class CopyTaskConfig(FairseqDataclass):
+    copy_max_len: int = field(default=50, metadata={"help": "L: lengths are uniform in 0..L"})
+    copy_vocab_size: int = field(default=20, metadata={"help": "number of symbols"})
+    copy_train_size: int = field(default=100_000, metadata={"help": "training examples"})
+    copy_valid_size: int = field(default=1_000, metadata={"help": "validation examples"})
+    copy_test_size: int = field(default=1_000, metadata={"help": "test examples"})
+    copy_reverse: bool = field(default=False, metadata={"help": "target is the reversed source"})
+    copy_seed: int = field(default=1, metadata={"help": "seed of the data (not of training)"})
+    max_source_positions: int = field(default=1024, metadata={"help": "max source length"})
+    max_target_positions: int = field(default=1024, metadata={"help": "max target length"})
+
+
+def check_config(cfg) -> None:
+    problems = []
+    if cfg.copy_max_len < 0:
+        problems.append(f"--copy-max-len: {cfg.copy_max_len} (must be >= 0)")
+    if cfg.copy_vocab_size < 1:
+        problems.append(f"--copy-vocab-size: {cfg.copy_vocab_size} (must be >= 1)")
+    for split in SPLITS:
+        size = getattr(cfg, f"copy_{split}_size")
+        if size < 1:
+            problems.append(f"--copy-{split}-size: {size} (must be >= 1)")
+    if problems:
+        raise ValueError("invalid " + "; invalid ".join(problems))
+
+
+def copy_examples(cfg, split: str) -> List[List[str]]:
+    """The source sequences of ``split`` as lists of symbols (targets: the same, or reversed)."""
+    if split not in SPLITS:
+        raise ValueError(f"copy_task has no split {split!r} (choose from {', '.join(SPLITS)})")
+    size = getattr(cfg, f"copy_{split}_size")
+    rng = np.random.default_rng([cfg.copy_seed, SPLITS.index(split)])
+    lengths = rng.integers(0, cfg.copy_max_len + 1, size=size)
+    symbols = rng.integers(0, cfg.copy_vocab_size, size=int(lengths.sum()))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    return [[str(s) for s in symbols[a:b]] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def copy_target(cfg, source: List[str]) -> List[str]:
+    return source[::-1] if cfg.copy_reverse else list(source)
+
+
+def build_dictionary(vocab_size: int) -> Dictionary:
+    dictionary = Dictionary()
+    for symbol in range(vocab_size):
+        dictionary.add_symbol(str(symbol))
+    dictionary.finalize(padding_factor=1)
+    return dictionary
+
+
+@register_task("copy_task", dataclass=CopyTaskConfig)
+class CopyTask(FairseqTask):
+    """Sequence copy (or reverse) with generated data; see the module docstring."""
+
+    def __init__(self, cfg: CopyTaskConfig, dictionary: Dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        check_config(cfg)
+        return cls(cfg, build_dictionary(cfg.copy_vocab_size))
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        sources = copy_examples(self.cfg, split)
+        encode = lambda symbols: torch.LongTensor(  # noqa: E731
+            [self.dictionary.index(s) for s in symbols] + [self.dictionary.eos()]
+        )
+        src = [encode(s) for s in sources]
+        tgt = [encode(copy_target(self.cfg, s)) for s in sources]
+        sizes = np.array([len(t) for t in src])
+        self.datasets[split] = LanguagePairDataset(
+            src, sizes, self.dictionary, tgt, sizes.copy(), self.dictionary,
+            shuffle=split == "train",
+        )
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        return LanguagePairDataset(src_tokens, src_lengths, self.dictionary,
+                                   tgt_dict=self.dictionary, constraints=constraints)
+
+    def max_positions(self):
+        return (self.cfg.max_source_positions, self.cfg.max_target_positions)
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary

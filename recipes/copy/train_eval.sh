@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Train one copy-task configuration, decode its test set with beam 10, score it.
+#   usage: COPY_ARGS="--copy-max-len 20" recipes/copy/train_eval.sh OUT_DIR [fairseq-train args...]
+# COPY_ARGS (task options) go to both fairseq-train and fairseq-generate, so both see the same data.
+# Writes OUT_DIR/{train.log,generate.test.txt,score.json}; prints BLEU and exact-match accuracy.
+set -euo pipefail
+OUT=$1; shift
+PLUGIN=$(cd "$(dirname "$0")/../.." && pwd)/fairseq_memattn
+read -r -a TASK <<< "--task copy_task --user-dir $PLUGIN ${COPY_ARGS:-}"
+mkdir -p "$OUT"
+
+fairseq-train "${TASK[@]}" --save-dir "$OUT" --no-epoch-checkpoints "$@" 2>&1 | tee "$OUT/train.log" \
+  | grep --line-buffered -E "\| (valid|train|train_inner) \||done training"
+# --required-batch-size-multiple 1: fairseq main drops a last batch smaller than the multiple.
+fairseq-generate "${TASK[@]}" --path "$OUT/checkpoint_best.pt" --gen-subset test --beam 10 \
+  --batch-size 64 --required-batch-size-multiple 1 > "$OUT/generate.test.txt" 2> "$OUT/generate.log"
+grep -E "Translated" "$OUT/generate.log" | sed -E 's/.*INFO[^ ]* //' || true
+python -m fairseq_memattn.score "$OUT/generate.test.txt" --json | tee "$OUT/score.json"

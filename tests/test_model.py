@@ -1,0 +1,113 @@
+"""Decoder behaviour for every attention type: incremental decoding, padding,
+beam reordering and alignments."""
+
+import pytest
+import torch
+from conftest import ALL_ATTENTION, build_model, left_padded_batch
+
+SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
+PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])  # BOS(=EOS) first
+
+
+def incremental_outputs(model, tokens, lengths, prev_output, need_attn=False):
+    encoder_out = model.encoder(tokens, lengths)
+    state = {}
+    logits, attns = [], []
+    for step in range(prev_output.size(1)):
+        out, extra = model.decoder(prev_output[:, : step + 1], encoder_out, incremental_state=state)
+        logits.append(out)
+        attns.append(extra["attn"][0])
+    return torch.cat(logits, 1), (torch.cat(attns, 1) if need_attn else None)
+
+
+@pytest.mark.parametrize("input_feeding", [False, True])
+@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+def test_incremental_equals_full_forward(dictionary, attention_type, input_feeding):
+    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
+                        memory_position_encoding=attention_type == "memory")
+    need_attn = attention_type != "none"
+    model.decoder.make_generation_fast_(need_attn=need_attn)
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    with torch.no_grad():
+        full, extra = model(tokens, lengths, PREV_OUTPUT)
+        step, step_attn = incremental_outputs(model, tokens, lengths, PREV_OUTPUT, need_attn)
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    if need_attn:
+        torch.testing.assert_close(step_attn, extra["attn"][0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("input_feeding", [False, True])
+@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+def test_padding_invariance(dictionary, attention_type, input_feeding):
+    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
+                        memory_position_encoding=attention_type == "memory")
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    with torch.no_grad():
+        batched, _ = model(tokens, lengths, PREV_OUTPUT)
+        for row, sentence in enumerate(SOURCES):
+            alone_tokens, alone_lengths = left_padded_batch(dictionary, [sentence])
+            alone, _ = model(alone_tokens, alone_lengths, PREV_OUTPUT[row : row + 1])
+            torch.testing.assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("input_feeding", [False, True])
+@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+def test_beam_reordering(dictionary, attention_type, input_feeding):
+    """Reordering memory and incremental state mid-decoding, as beam search does,
+    gives what decoding the reordered batch from scratch gives."""
+    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding)
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    new_order = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        encoder_out = model.encoder(tokens, lengths)
+        state = {}
+        for step in range(2):
+            model.decoder(PREV_OUTPUT[:, : step + 1], encoder_out, incremental_state=state)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+        model.decoder.reorder_incremental_state(state, new_order)
+        prev = PREV_OUTPUT.index_select(0, new_order)
+        reordered, _ = model.decoder(prev[:, :3], encoder_out, incremental_state=state)
+
+        expected, _ = model(tokens.index_select(0, new_order), lengths.index_select(0, new_order),
+                            prev[:, :3])
+    torch.testing.assert_close(reordered[:, -1], expected[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["memory", "linear"])
+def test_fixed_size_memory_carries_no_encoder_states(dictionary, attention_type):
+    """What beam search copies every step must not grow with the source length."""
+    model = build_model(dictionary, attention_type=attention_type)
+    sizes = []
+    for length in (3, 30):
+        tokens, lengths = left_padded_batch(dictionary, [[4] * length])
+        encoder_out = model.encoder(tokens, lengths)
+        tensors = list(encoder_out["memory"].values()) + [encoder_out["final_state"]]
+        sizes.append(sum(t.numel() for t in tensors))
+    assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("attention_type", ["additive", "dot", "memory", "gated_linear"])
+def test_alignment_lines_up_with_left_padded_source(dictionary, attention_type):
+    """Alignments are B x T x S in src_tokens' own (left-padded) layout: no
+    weight on padding, and a sentence's weights do not depend on its padding."""
+    model = build_model(dictionary, attention_type=attention_type)
+    model.decoder.make_generation_fast_(need_attn=True)
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    with torch.no_grad():
+        _, extra = model(tokens, lengths, PREV_OUTPUT)
+        attn = extra["attn"][0]
+        assert attn.shape == (3, PREV_OUTPUT.size(1), tokens.size(1))
+        pad = tokens.eq(dictionary.pad())
+        assert attn.masked_select(pad.unsqueeze(1).expand_as(attn)).abs().max() == 0
+        alone_tokens, alone_lengths = left_padded_batch(dictionary, [SOURCES[1]])
+        _, alone_extra = model(alone_tokens, alone_lengths, PREV_OUTPUT[1:2])
+    width = alone_tokens.size(1)
+    torch.testing.assert_close(attn[1, :, -width:], alone_extra["attn"][0][0], atol=1e-5, rtol=1e-5)
+
+
+def test_no_alignment_without_request(dictionary):
+    model = build_model(dictionary, attention_type="memory")
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    _, extra = model(tokens, lengths, PREV_OUTPUT)
+    assert extra["attn"][0] is None
+    assert "alpha" not in model.encoder(tokens, lengths)["memory"]
