@@ -9,6 +9,8 @@ see exactly the examples training saw, in any process. ``export_copy_data``
 writes the same examples as parallel text for fairseq-preprocess.
 """
 
+import argparse
+import os
 from dataclasses import dataclass, field
 from typing import List
 
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import FairseqTask, register_task
 
 SPLITS = ("train", "valid", "test")
@@ -112,3 +115,36 @@ class CopyTask(FairseqTask):
     @property
     def target_dictionary(self):
         return self.dictionary
+
+
+def export_copy_data(cfg, out_dir: str, splits=SPLITS) -> None:
+    """Write ``{split}.src`` / ``{split}.tgt`` (one example per line, length-0
+    examples as empty lines) for the fairseq-preprocess route."""
+    check_config(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    for split in splits:
+        sources = copy_examples(cfg, split)
+        for side, rows in (("src", sources), ("tgt", [copy_target(cfg, s) for s in sources])):
+            with open(os.path.join(out_dir, f"{split}.{side}"), "w", encoding="utf-8") as f:
+                f.writelines(" ".join(row) + "\n" for row in rows)
+
+
+def main(argv=None):
+    """python -m fairseq_memattn.copy_task --out-dir DIR [--copy-* options]"""
+    parser = argparse.ArgumentParser(
+        description="Write the copy task's splits as parallel text for fairseq-preprocess "
+                    "(the same examples --task copy_task generates with the same options)."
+    )
+    parser.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{src,tgt}")
+    gen_parser_from_dataclass(parser, CopyTaskConfig())
+    args = parser.parse_args(argv)
+    cfg = CopyTaskConfig(**{k: v for k, v in vars(args).items() if k in CopyTaskConfig.__dataclass_fields__})
+    try:
+        export_copy_data(cfg, args.out_dir)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"wrote {', '.join(SPLITS)} to {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -20,7 +20,7 @@ MODEL = ["--arch", "lstm_memattn", "--memory-k", "8", "--encoder-hidden-size", "
          "--decoder-hidden-size", "64", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
          "--dropout", "0"]
 # Thresholds this tiny run reaches with margin (measured: see the closing note / README).
-MIN_BLEU, MIN_ACCURACY = 85.0, 70.0
+MIN_BLEU, MIN_ACCURACY = 85.0, 70.0  # measured: BLEU 96.8, accuracy 83.0
 
 
 def clean_env():
@@ -67,13 +67,15 @@ def test_trained_model_copies_with_beam_search(checkpoint):
     for i, line in alignments.items():
         pairs = [tuple(map(int, p.split("-"))) for p in line.split()]
         n_src, n_hyp = len(sources[i].split()), len(hypotheses[i].split())
-        assert len(pairs) == n_hyp  # one source position per target token
+        # one source position per target token; an empty source has nothing to align to
+        assert len(pairs) == (n_hyp if n_src else 0)
         assert all(0 <= s < max(n_src, 1) and 0 <= t < n_hyp for s, t in pairs)
 
 
 def test_validate_and_interactive_load_the_checkpoint(checkpoint):
     out = run("fairseq-validate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
-              "--valid-subset", "valid", "--batch-size", "32", "--cpu").stderr
+              "--valid-subset", "valid", "--batch-size", "32", "--cpu")
+    out = out.stdout + out.stderr  # fairseq logs to stdout or stderr depending on the version
     loss = float(re.search(r"valid on 'valid' subset \| loss ([\d.]+)", out).group(1))
     assert loss < 1.0
 
@@ -83,12 +85,13 @@ def test_validate_and_interactive_load_the_checkpoint(checkpoint):
 
 
 def test_user_dir_by_name_when_installed(checkpoint, tmp_path):
-    """`--user-dir fairseq_memattn` from any directory, as an installed package."""
-    try:
-        import importlib.metadata as md
-        md.distribution("fairseq_memattn")
-    except md.PackageNotFoundError:
-        pytest.skip("fairseq_memattn is not pip-installed in this environment")
+    """`--user-dir fairseq_memattn` from any directory, as an installed package:
+    fairseq then finds it beside itself in site-packages (a non-editable install,
+    as .ci/run makes)."""
+    import fairseq
+
+    if not os.path.isdir(os.path.join(os.path.dirname(fairseq.__file__), "..", "fairseq_memattn")):
+        pytest.skip("fairseq_memattn is not installed (non-editable) beside fairseq")
     out = generate(checkpoint, user_dir="fairseq_memattn", cwd=tmp_path)
     assert read_generate_output(out.splitlines())[1]
 

@@ -1,0 +1,117 @@
+"""The copy task: determinism, length distribution, both data routes, scoring, bad input."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+
+from fairseq_memattn.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
+from fairseq_memattn.score import read_generate_output, score
+
+BIN = os.path.dirname(sys.executable)
+
+
+def task_strings(cfg, split):
+    """(source, target) strings of a split as --task copy_task serves them."""
+    task = CopyTask.setup_task(cfg)
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    d = task.source_dictionary
+    return [(d.string(dataset[i]["source"][:-1]), d.string(dataset[i]["target"][:-1]))
+            for i in range(len(dataset))]
+
+
+def test_same_examples_in_another_process():
+    cfg = CopyTaskConfig(copy_max_len=7, copy_valid_size=50)
+    code = ("from fairseq_memattn.copy_task import CopyTaskConfig, copy_examples;"
+            "print(copy_examples(CopyTaskConfig(copy_max_len=7, copy_valid_size=50), 'valid'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": REPO}).stdout
+    assert out.strip() == str(copy_examples(cfg, "valid"))
+    assert copy_examples(cfg, "valid") != copy_examples(cfg, "test")  # splits differ
+    assert copy_examples(CopyTaskConfig(copy_max_len=7, copy_valid_size=50, copy_seed=2), "valid") \
+        != copy_examples(cfg, "valid")
+
+
+def test_lengths_uniform_from_zero_to_L_and_symbols_in_vocabulary():
+    cfg = CopyTaskConfig(copy_max_len=10, copy_vocab_size=5, copy_train_size=22_000)
+    examples = copy_examples(cfg, "train")
+    counts = collections.Counter(len(e) for e in examples)
+    assert set(counts) == set(range(11))  # 0..L, length 0 included
+    for length in range(11):
+        assert abs(counts[length] - 2000) < 200, counts  # expected 2000 each; ~4.5 sigma
+    assert {s for e in examples for s in e} == {"0", "1", "2", "3", "4"}
+
+
+def test_targets_copy_or_reverse_and_end_with_eos():
+    for reverse in (False, True):
+        cfg = CopyTaskConfig(copy_max_len=6, copy_valid_size=30, copy_reverse=reverse)
+        for src, tgt in task_strings(cfg, "valid"):
+            assert tgt.split() == (src.split()[::-1] if reverse else src.split())
+    task = CopyTask.setup_task(CopyTaskConfig(copy_max_len=6, copy_valid_size=30))
+    task.load_dataset("valid")
+    assert all(task.dataset("valid")[i]["source"][-1] == task.source_dictionary.eos() for i in range(30))
+
+
+def test_fairseq_preprocess_route_gives_identical_examples(tmp_path):
+    cfg = CopyTaskConfig(copy_max_len=6, copy_train_size=200, copy_valid_size=40, copy_test_size=40)
+    export_copy_data(cfg, str(tmp_path / "raw"))
+    raw = tmp_path / "raw"
+    subprocess.run([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
+                    "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+                    "--destdir", tmp_path / "bin", "--joined-dictionary", "--workers", "1"],
+                   check=True, capture_output=True)
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+    translation = TranslationTask.setup_task(TranslationConfig(data=str(tmp_path / "bin"),
+                                                               source_lang="src", target_lang="tgt",
+                                                               dataset_impl="mmap"))
+    for split in ("train", "valid", "test"):
+        translation.load_dataset(split)
+        dataset = translation.dataset(split)
+        d = translation.source_dictionary
+        preprocessed = [(d.string(dataset[i]["source"][:-1]), d.string(dataset[i]["target"][:-1]))
+                        for i in range(len(dataset))]
+        assert preprocessed == task_strings(cfg, split)
+        assert ("", "") in preprocessed  # length-0 examples survive as a lone EOS
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("copy_max_len", -1, "invalid --copy-max-len: -1 (must be >= 0)"),
+    ("copy_vocab_size", 0, "invalid --copy-vocab-size: 0 (must be >= 1)"),
+    ("copy_train_size", 0, "invalid --copy-train-size: 0 (must be >= 1)"),
+    ("copy_test_size", -5, "invalid --copy-test-size: -5 (must be >= 1)"),
+])
+def test_bad_task_options(field, value, message):
+    with pytest.raises(ValueError) as error:
+        CopyTask.setup_task(CopyTaskConfig(**{field: value}))
+    assert message in str(error.value)
+
+
+def test_unknown_split():
+    task = CopyTask.setup_task(CopyTaskConfig(copy_max_len=3))
+    with pytest.raises(ValueError, match=r"copy_task has no split 'dev' \(choose from train, valid, test\)"):
+        task.load_dataset("dev")
+
+
+def test_export_command_rejects_bad_values(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.copy_task", "--out-dir", str(tmp_path),
+                             "--copy-vocab-size", "0"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 2
+    assert "invalid --copy-vocab-size: 0 (must be >= 1)" in result.stderr
+
+
+def test_scoring_counts_length_zero_examples():
+    lines = ["S-0\t", "T-0\t", "H-0\t-0.01\t", "S-1\t1 2 3", "T-1\t1 2 3", "H-1\t-0.2\t1 2 3",
+             "S-2\t4 5", "T-2\t4 5", "H-2\t-0.3\t4", "D-2\t-0.3\t4"]
+    hyps, refs = read_generate_output(lines)
+    assert (hyps, refs) == (["", "1 2 3", "4"], ["", "1 2 3", "4 5"])
+    result = score(hyps, refs)
+    assert result["accuracy"] == pytest.approx(66.67) and result["sentences"] == 3
+    assert score(["", "1 2 3 4"], ["", "1 2 3 4"])["bleu"] == 100.0
+    with pytest.raises(ValueError, match="1 references have no hypothesis"):
+        read_generate_output(["T-0\t1", "T-1\t2", "H-0\t-1\t1"])
