@@ -208,7 +208,7 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
     if too_long.any():
         raise ValueError(
             f"source length {int(lengths.max())} exceeds the position-encoding maximum "
-            f"S = {max_len} (--max-source-positions); use a larger value or shorter sources"
+            f"S = {max_len} (--memory-position-max-len); use a larger value or shorter sources"
         )
     s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
     k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
@@ -335,7 +335,7 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
             encoder_score=args.memory_encoder_score,
             decoder_score=args.memory_decoder_score,
             encoder_normalize=args.memory_encoder_normalize,
-            position_encoding_max_len=args.max_source_positions
+            position_encoding_max_len=(args.memory_position_max_len or args.max_source_positions)
             if args.memory_position_encoding
             else None,
         )

@@ -246,6 +246,10 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
         parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
                             action="store_false", default=argparse.SUPPRESS,
                             help="turn position encodings off")
+        parser.add_argument("--memory-position-max-len", type=int, metavar="S",
+                            help="S of Eq. 10, the longest source the position encodings cover "
+                                 "(default: --max-source-positions); set it to your data's longest "
+                                 "source, since for s << S the encodings are nearly flat")
         parser.add_argument("--max-source-positions", type=int, metavar="N")
         parser.add_argument("--max-target-positions", type=int, metavar="N")
 
@@ -272,8 +276,10 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
 def check_sizes(args):
     for name in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
                  "decoder_embed_dim", "decoder_hidden_size", "decoder_layers",
-                 "max_source_positions", "max_target_positions"):
+                 "max_source_positions", "max_target_positions", "memory_position_max_len"):
         value = getattr(args, name)
+        if name == "memory_position_max_len" and value is None:
+            continue
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
     if not 0.0 <= args.dropout < 1.0:
@@ -299,6 +305,7 @@ def base_architecture(args):
     args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
     args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
     args.memory_position_encoding = getattr(args, "memory_position_encoding", False)
+    args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
     args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
     args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
 

@@ -108,7 +108,7 @@ def attention_args(**overrides):
     args = argparse.Namespace(attention_type="memory", attention_dim=None, memory_k=4,
                               memory_encoder_score="softmax", memory_decoder_score="softmax",
                               memory_encoder_normalize="contexts", memory_position_encoding=False,
-                              max_source_positions=10)
+                              memory_position_max_len=None, max_source_positions=10)
     vars(args).update(overrides)
     return args
 
@@ -132,7 +132,7 @@ def test_dot_attention_needs_matching_sizes():
 
 
 @pytest.mark.parametrize("name, value", [("encoder_hidden_size", 0), ("decoder_layers", 0),
-                                         ("dropout", 1.5)])
+                                         ("memory_position_max_len", 0), ("dropout", 1.5)])
 def test_bad_model_sizes(dictionary, name, value):
     with pytest.raises(ValueError, match=f"invalid --{name.replace('_', '-')}: {value}"):
         build_model(dictionary, **{name: value})
@@ -140,10 +140,13 @@ def test_bad_model_sizes(dictionary, name, value):
 
 def test_source_longer_than_position_encoding_maximum(dictionary):
     model = build_model(dictionary, attention_type="memory", memory_position_encoding=True,
-                        max_source_positions=4)
+                        memory_position_max_len=4)
     tokens, lengths = left_padded_batch(dictionary, [[3, 4, 5, 6, 7]])  # 6 with EOS
-    with pytest.raises(ValueError, match=r"source length 6 exceeds the position-encoding maximum S = 4"):
+    with pytest.raises(ValueError, match=r"source length 6 exceeds the position-encoding maximum S = 4 "
+                                         r"\(--memory-position-max-len\)"):
         model.encoder(tokens, lengths)
+    assert build_model(dictionary, attention_type="memory", memory_position_encoding=True,
+                       max_source_positions=5).encoder.attention.position_encoding_max_len == 5
 
 
 def test_no_attention_refuses_alignment(dictionary):

@@ -40,7 +40,8 @@ PRESETS = {
     "paper": dict(
         lengths=[20, 50, 100, 200],
         train=["--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "200000",
-               "--validate-interval-updates", "2000", "--save-interval-updates", "2000"],
+               "--validate-interval-updates", "2000", "--save-interval-updates", "2000",
+               "--keep-interval-updates", "1"],
         fig3a_length=200, fig3b=(200, 32),
     ),
     # CPU: half-size model (2x128 units, 64-d embeddings), no dropout, a 30x larger learning rate
@@ -51,7 +52,7 @@ PRESETS = {
                "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--dropout", "0",
                "--optimizer", "adam", "--lr", "3e-3", "--clip-norm", "1", "--batch-size", "64",
                "--max-update", "3000", "--validate-interval-updates", "300",
-               "--save-interval-updates", "300", "--cpu"],
+               "--save-interval-updates", "300", "--keep-interval-updates", "1", "--cpu"],
         fig3a_length=50, fig3b=(20, 16),
     ),
 }
