@@ -10,7 +10,6 @@ decoder looks it up at every step.
 import argparse
 
 import torch
-import torch.nn.functional as F
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -42,6 +41,14 @@ def roll_rows(x: Tensor, shifts: Tensor) -> Tensor:
     return x.gather(1, index)
 
 
+def Embedding(dictionary, embed_dim):
+    """Token embeddings initialised as fairseq's LSTM does (uniform, zero padding)."""
+    embedding = nn.Embedding(len(dictionary), embed_dim, padding_idx=dictionary.pad())
+    nn.init.uniform_(embedding.weight, -0.1, 0.1)
+    nn.init.zeros_(embedding.weight[dictionary.pad()])
+    return embedding
+
+
 class MemAttnEncoder(FairseqEncoder):
     """Bidirectional multi-layer LSTM; returns the attention's memory, not the states.
 
@@ -59,14 +66,10 @@ class MemAttnEncoder(FairseqEncoder):
         self.padding_idx = dictionary.pad()
         self.left_pad = left_pad
         self.max_source_positions = max_source_positions
-        self.hidden_size = hidden_size
-        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=self.padding_idx)
-        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
-        nn.init.zeros_(self.embed_tokens.weight[self.padding_idx])
+        self.embed_tokens = Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)  # dropout on the input of every cell
         self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
                             dropout=dropout if num_layers > 1 else 0.0, bidirectional=True)
-        self.output_dim = 2 * hidden_size
         self.final_state_dim = 4 * hidden_size
         self.attention = attention
 
@@ -124,10 +127,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.input_feeding = input_feeding and context_dim > 0
         self.need_attn = False
 
-        padding_idx = dictionary.pad()
-        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=padding_idx)
-        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
-        nn.init.zeros_(self.embed_tokens.weight[padding_idx])
+        self.embed_tokens = Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)
         # The decoder starts from the encoder's final states ("bridge").
         self.bridge = nn.Linear(encoder_final_state_dim, 2 * num_layers * hidden_size)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from conftest import REPO
 
 from fairseq_memattn.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
