@@ -273,8 +273,12 @@ class MemoryAttention(Attention):
             memory["alpha"] = alpha
         return memory
 
+    def decoder_scores(self, query: Tensor) -> Tensor:
+        """beta: B x T x K (Eq. 7)."""
+        return score_function(self.decoder_score, self.W_beta(query), dim=-1)
+
     def lookup(self, memory, query):
-        beta = score_function(self.decoder_score, self.W_beta(query), dim=-1)  # Eq. 7
+        beta = self.decoder_scores(query)  # Eq. 7
         context = torch.bmm(beta, memory["contexts"])  # Eq. 6
         # Sec. 5: the alignment over source tokens is beta times alpha-transposed.
         weights = torch.bmm(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory else None

@@ -1,0 +1,199 @@
+"""The attention plot (paper Figs. 6-8) from checkpoints trained by fairseq-train: the image is
+written and not blank, what it shows is the model's own alignment (and fairseq-generate's), and
+bad input stops with a clear message and no image."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import PLUGIN_DIR, REPO
+
+from fairseq_memattn import plot
+
+BIN = os.path.dirname(sys.executable)
+TASK = ["--task", "copy_task", "--copy-max-len", "6", "--copy-vocab-size", "8",
+        "--copy-train-size", "1000", "--copy-valid-size", "20", "--copy-test-size", "20"]
+SIZES = ["--encoder-hidden-size", "32", "--decoder-hidden-size", "32", "--encoder-embed-dim", "16",
+         "--decoder-embed-dim", "16", "--dropout", "0"]
+EXAMPLE = 3  # an example of the test split with a few tokens (checked below)
+
+
+def environment():
+    return {**os.environ, "PYTHONPATH": REPO}
+
+
+def train(save_dir, arch, updates, *extra):
+    result = subprocess.run(
+        [os.path.join(BIN, "fairseq-train"), "--user-dir", PLUGIN_DIR, *TASK, *SIZES,
+         "--arch", arch, *extra, "--optimizer", "adam", "--lr", "1e-2", "--clip-norm", "1",
+         "--batch-size", "32", "--max-update", str(updates), "--seed", "1", "--cpu",
+         "--no-progress-bar", "--no-epoch-checkpoints", "--no-last-checkpoints",
+         "--save-dir", str(save_dir)],
+        env=environment(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(save_dir / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plot")
+    return {
+        "memory": train(root / "memory", "lstm_memattn", 150, "--memory-k", "4"),
+        "additive": train(root / "additive", "lstm_att", 30),
+        "none": train(root / "none", "lstm_noatt", 1),
+    }
+
+
+def plot_args(path, output, *extra):
+    return ["--user-dir", PLUGIN_DIR, *TASK, "--path", path, "--gen-subset", "test",
+            "--beam", "5", "--cpu", "--output", str(output), *extra]
+
+
+def decode(path, *extra):
+    """What the command decodes, in-process: one Alignment per checkpoint in ``path``."""
+    return plot.run(plot.parse_args(plot_args(path, "unused.png", *extra)))
+
+
+def axes_with_gid(fig, gid):
+    return [ax for ax in fig.get_axes() if ax.get_gid() == gid]
+
+
+def test_command_writes_a_png_with_content(checkpoints, tmp_path):
+    output = tmp_path / "figure.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_memattn.plot",
+         *plot_args(checkpoints["memory"], output, "--example-id", str(EXAMPLE))],
+        env=environment(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {output}" in result.stdout
+
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(output)[..., :3]  # H x W x RGB in [0, 1]
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 300
+    not_white = (pixels < 0.9).any(axis=-1)
+    coloured = pixels.max(axis=-1) - pixels.min(axis=-1) > 0.3  # the per-context colours
+    assert 0.02 < not_white.mean() < 0.9, not_white.mean()
+    assert coloured.sum() > 100
+    assert [p for p in os.listdir(tmp_path) if p != "figure.png"] == []  # no temporary left
+
+
+def teacher_forced_alignment(path, alignment):
+    """The model's alignment for the plotted hypothesis, from its plain forward pass (T x S)."""
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    model = models[0]
+    model.make_generation_fast_(need_attn=True)
+    d = task.source_dictionary
+    src = torch.tensor([[d.index(t) for t in alignment.source]])
+    hyp = [d.index(t) for t in alignment.target]
+    prev = torch.tensor([[d.eos()] + hyp[:-1]])
+    with torch.no_grad():
+        encoder_out = model.encoder(src, torch.tensor([src.size(1)]))
+        _, extra = model.decoder(prev, encoder_out)
+    return extra["attn"][0][0].numpy(), encoder_out["memory"]["alpha"][0].numpy()
+
+
+def soft_alignment_from_fairseq_generate(path, example_id):
+    """fairseq-generate --print-alignment soft: T x S for one example of the test split."""
+    result = subprocess.run(
+        [os.path.join(BIN, "fairseq-generate"), "--user-dir", PLUGIN_DIR, *TASK, "--path", path,
+         "--gen-subset", "test", "--beam", "5", "--batch-size", "1", "--cpu",
+         "--print-alignment", "soft"],
+        env=environment(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = re.search(rf"^A-{example_id}\t(.*)$", result.stdout, re.M).group(1)
+    return np.array([[float(p) for p in row.split(",")] for row in line.split()])
+
+
+def test_plotted_alignment_is_the_models_alignment(checkpoints):
+    path = checkpoints["memory"]
+    (alignment,) = decode(path, "--example-id", str(EXAMPLE))
+    assert len(alignment.source) >= 3 and alignment.source[-1] == "</s>"
+    fig = plot.draw([alignment])
+    (ax,) = axes_with_gid(fig, "alignment")
+    plotted = np.asarray(ax.images[0].get_array())  # S x T: source on y, hypothesis on x
+    assert plotted.shape == (len(alignment.source), len(alignment.target))
+    np.testing.assert_array_equal(plotted, alignment.weights)
+
+    model_alignment, alpha = teacher_forced_alignment(path, alignment)
+    np.testing.assert_allclose(plotted, model_alignment.T, atol=1e-5)
+    np.testing.assert_allclose(plotted, soft_alignment_from_fairseq_generate(path, EXAMPLE).T,
+                               atol=1e-4)
+
+    # Each C_k's panel is beta_k * alpha_k: rank one, its source profile is the encoder's
+    # alpha_k, the decoder's beta recovered from it is a softmax over k, and they sum to the
+    # alignment (Sec. 5: beta x alpha^T).
+    contributions = alignment.contributions
+    assert contributions.shape == (4, *plotted.shape)
+    np.testing.assert_allclose(contributions.sum(axis=0), plotted, atol=1e-5)
+    strongest = alpha.argmax(axis=0)  # per context, the source position it weighs most
+    beta = np.stack([contributions[k, strongest[k]] / alpha[strongest[k], k] for k in range(4)], 1)
+    np.testing.assert_allclose(np.einsum("sk,tk->kst", alpha, beta), contributions, atol=1e-5)
+    np.testing.assert_allclose(beta.sum(axis=1), 1.0, atol=1e-5)
+    for k in range(4):
+        np.testing.assert_array_equal(np.asarray(axes_with_gid(fig, f"context-{k + 1}")[0]
+                                                 .images[0].get_array()), contributions[k])
+
+
+def test_comparison_side_by_side_and_sentence_input(checkpoints, tmp_path):
+    both = f"{checkpoints['memory']}:{checkpoints['additive']}"
+    alignments = decode(both, "--sentence", "1 2 3 4", "--labels", "memory,standard")
+    assert [a.label for a in alignments] == ["memory", "standard"]
+    assert all(a.source == ["1", "2", "3", "4", "</s>"] for a in alignments)
+    assert alignments[0].contributions is not None and alignments[1].contributions is None
+    np.testing.assert_allclose(alignments[1].weights.sum(axis=0), 1.0, atol=1e-5)  # softmax, Eq. 2
+
+    fig = plot.draw(alignments)
+    panels = axes_with_gid(fig, "alignment")
+    assert [ax.get_title().split("\n")[0] for ax in panels] == ["memory", "standard"]
+    for ax, alignment in zip(panels, alignments):
+        np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), alignment.weights)
+    assert len(axes_with_gid(fig, "dominant-context")) == 1  # only memory attention has C_k
+
+    for name, magic in (("figure.svg", b"<?xml"), ("figure.pdf", b"%PDF")):
+        plot.save(fig, str(tmp_path / name), dpi=72)
+        assert (tmp_path / name).read_bytes().startswith(magic)
+
+
+def test_long_sequences_thin_the_ticks_and_bound_the_size():
+    rng = np.random.default_rng(0)
+    source, target = [f"s{i}" for i in range(150)], [f"t{i}" for i in range(170)]
+    weights = rng.random((150, 170))
+    contributions = rng.random((32, 150, 170))
+    alignment = plot.Alignment("long", source, target, weights, contributions)
+    fig = plot.draw([alignment], max_ticks=30)
+    width, height = fig.get_size_inches()
+    assert width <= 2 * (plot.MAIN_PANEL_INCHES[1] + 1.2) and height < 25
+    (ax,) = axes_with_gid(fig, "alignment")
+    assert 25 <= len(ax.get_xticks()) <= 30 and 25 <= len(ax.get_yticks()) <= 30
+    assert ax.get_xticklabels()[1].get_text() == "t6"  # every 6th of 170 tokens
+    assert len([a for a in fig.get_axes() if (a.get_gid() or "").startswith("context-")]) == 32
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "checkpoint not found"),
+    ("out_of_range", "--example-id 20 is out of range for --gen-subset 'test', which has "
+                     "examples 0..19"),
+    ("negative", "--example-id -1 is out of range"),
+    ("no_attention", "has no attention to plot"),
+    ("bad_extension", "unknown image type 'bmpx'"),
+])
+def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, capsys, case,
+                                                      expected):
+    output = tmp_path / ("figure.bmpx" if case == "bad_extension" else "figure.png")
+    path = {"missing": str(tmp_path / "nope.pt"), "no_attention": checkpoints["none"]}.get(
+        case, checkpoints["memory"])
+    example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main(plot_args(path, output, "--example-id", example))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{plot.PROG}: error: " in error and expected in error, error
+    assert "Traceback" not in error
+    assert os.listdir(tmp_path) == []
