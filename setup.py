@@ -11,7 +11,8 @@ setup(
     # torch is not pinned here: install the build you want first (CPU or CUDA).
     # fairseq is not listed either, so that pip never replaces your own fairseq
     # checkout; choose a distribution explicitly (see README, "Which fairseq").
-    install_requires=["torch>=2.0", "numpy", "sacrebleu>=2.0", "sentencepiece", "matplotlib>=3.6"],
+    # torch 2.4: add_safe_globals (checkpoint_safety) and torch.is_autocast_enabled(device).
+    install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "matplotlib>=3.6"],
     entry_points={"console_scripts": ["fairseq-memattn-plot = fairseq_memattn.plot:main"]},
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.

@@ -19,3 +19,4 @@ except Exception as error:  # pragma: no cover - depends on the user's install
 from . import checkpoint_safety, copy_task, model  # noqa: F401,E402
 
 checkpoint_safety.allow_fairseq_checkpoints()
+checkpoint_safety.explain_checkpoint_errors()

@@ -7,9 +7,22 @@ turning the protection off, we allowlist the plain-data types fairseq
 checkpoints hold: the Namespace, and numpy scalars (validation metrics such as
 BLEU can be saved as numpy floats). None of them runs code when unpickled, so a
 checkpoint that tries to (a ``__reduce__`` payload) is still refused by torch.
+
+torch explains such a refusal with a long message whose advice is to allowlist
+the offending global or to pass ``weights_only=False``, i.e. to let the file run
+its code; a truncated checkpoint ends in an error from deep inside torch
+("OSError: [Errno 22] Invalid argument"). fairseq's command lines let these
+errors end the process, so we replace their report (only errors raised inside
+torch.load) with a short explanation of what happened and what to do.
 """
 
 import argparse
+import os
+import pickle
+import re
+import sys
+import traceback
+from typing import Optional
 
 import numpy as np
 import torch
@@ -30,3 +43,61 @@ def fairseq_checkpoint_globals():
 
 def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+
+
+_REFUSED = "Weights only load failed"
+SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars"
+
+
+def _torch_load_frame(tb):
+    """The frame of torch.load the exception went through, if any."""
+    for frame, _ in traceback.walk_tb(tb):
+        if frame.f_code.co_name == "load" and frame.f_globals.get("__name__") == "torch.serialization":
+            return frame
+    return None
+
+
+def checkpoint_error_message(error: BaseException, tb) -> Optional[str]:
+    """One paragraph for an error torch.load raised, or None for any other error."""
+    frame = _torch_load_frame(tb)
+    if frame is None:
+        return None
+    source = frame.f_locals.get("f")
+    path = getattr(source, "name", source)
+    path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "a checkpoint"
+    if isinstance(error, pickle.UnpicklingError) and _REFUSED in str(error):
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        reason = (f"its pickle calls {found.group(1)}" if found
+                  else "its pickle holds something other than plain data")
+        return (
+            f"fairseq_memattn: refused to load {path}: {reason}, which is not among the types "
+            f"fairseq checkpoints hold ({SAFE_CONTENTS}). Unpickling it could run code from the "
+            "file, so nothing in it was run. Load it with torch.load(..., weights_only=False) "
+            "only if you trust where it came from."
+        )
+    # fairseq writes one file per save atomically, then copies it to the other
+    # names (checkpoint_last.pt, checkpoint_best.pt) with a plain copy.
+    return (
+        f"fairseq_memattn: could not read {path} ({type(error).__name__}: {error}): the file is "
+        "incomplete or not a torch checkpoint. A run killed while fairseq copied its checkpoint "
+        "can leave checkpoint_last.pt cut short: resume from another checkpoint of the same save "
+        "(checkpointN.pt or checkpoint_N_U.pt) with --restore-file."
+    )
+
+
+def explain_checkpoint_errors():
+    """Install a sys.excepthook that reports an error of torch.load in one
+    paragraph and leaves every other uncaught exception to the previous hook."""
+    previous = sys.excepthook
+    if getattr(previous, "explains_checkpoint_errors", False):
+        return
+
+    def hook(kind, error, tb):
+        message = checkpoint_error_message(error, tb)
+        if message is None:
+            previous(kind, error, tb)
+        else:
+            print(message, file=sys.stderr)
+
+    hook.explains_checkpoint_errors = True
+    sys.excepthook = hook

@@ -8,6 +8,8 @@ decoder looks it up at every step.
 """
 
 import argparse
+import re
+from typing import Dict
 
 import torch
 from fairseq.models import (
@@ -49,6 +51,25 @@ def Embedding(dictionary, embed_dim):
     return embedding
 
 
+class LSTM(nn.LSTM):
+    """``nn.LSTM`` that also runs under CPU bfloat16 autocast on any x86 CPU.
+
+    torch picks oneDNN for a CPU LSTM from the dtype of its input alone. Under
+    autocast a float32 input therefore reaches oneDNN with bfloat16 weights,
+    which fails on CPUs without native bfloat16 (AVX2 only) with "could not
+    create a primitive descriptor for the LSTM forward propagation primitive".
+    Casting the input to the autocast dtype first, as autocast itself would,
+    makes torch check the CPU and use its own kernel where oneDNN has none.
+    """
+
+    def forward(self, input, hx=None):
+        if self.weight_ih_l0.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            dtype = torch.get_autocast_dtype("cpu")
+            input = input.to(dtype)
+            hx = None if hx is None else tuple(t.to(dtype) for t in hx)
+        return super().forward(input, hx)
+
+
 class MemAttnEncoder(FairseqEncoder):
     """Bidirectional multi-layer LSTM; returns the attention's memory, not the states.
 
@@ -68,8 +89,8 @@ class MemAttnEncoder(FairseqEncoder):
         self.max_source_positions = max_source_positions
         self.embed_tokens = Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)  # dropout on the input of every cell
-        self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
-                            dropout=dropout if num_layers > 1 else 0.0, bidirectional=True)
+        self.lstm = LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
+                         dropout=dropout if num_layers > 1 else 0.0, bidirectional=True)
         self.final_state_dim = 4 * hidden_size
         self.attention = attention
 
@@ -103,7 +124,10 @@ class MemAttnEncoder(FairseqEncoder):
         }
 
     def max_positions(self):
-        return self.max_source_positions
+        # fairseq filters, skips or refuses longer sources with this limit, so a
+        # source beyond the position encodings' S never reaches them.
+        covered = getattr(self.attention, "position_encoding_max_len", None)
+        return self.max_source_positions if covered is None else min(self.max_source_positions, covered)
 
 
 class MemAttnDecoder(FairseqIncrementalDecoder):
@@ -132,8 +156,8 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         # The decoder starts from the encoder's final states ("bridge").
         self.bridge = nn.Linear(encoder_final_state_dim, 2 * num_layers * hidden_size)
         input_size = embed_dim + (context_dim if self.input_feeding else 0)
-        self.lstm = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True,
-                            dropout=dropout if num_layers > 1 else 0.0)
+        self.lstm = LSTM(input_size, hidden_size, num_layers, batch_first=True,
+                         dropout=dropout if num_layers > 1 else 0.0)
         self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
 
     def initial_state(self, encoder_out):
@@ -271,6 +295,80 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
             input_feeding=args.input_feeding, max_target_positions=args.max_target_positions,
         )
         return cls(encoder, decoder)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        if strict:
+            check_checkpoint_fits(state_dict, self.state_dict())
+        return super().load_state_dict(state_dict, strict, model_cfg, args)
+
+
+def _dim(state, name, dim):
+    return state[name].shape[dim] if name in state else None
+
+
+def _num_layers(state, lstm):
+    return sum(bool(re.fullmatch(rf"{lstm}\.weight_hh_l\d+", name)) for name in state)
+
+
+def _attention_type(parameter_names, has_context) -> str:
+    """The --attention-type values whose attention has exactly these parameters
+    and gives the output layer a context (has_context) or not; "dot/scaled_dot"
+    have the same (no) parameters, so they cannot be told apart."""
+    def fits(kind):
+        args = argparse.Namespace(attention_type=kind)
+        base_architecture(args)
+        attention = build_attention(args, 2, 2)
+        return (sorted(attention.state_dict()) == sorted(parameter_names)
+                and has_context in (None, attention.context_dim > 0))
+
+    return "/".join(kind for kind in ATTENTION_TYPES if fits(kind))
+
+
+def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
+    """The options that decide parameter shapes, read back from a state dict.
+
+    A checkpoint records them only as tensor shapes; reading them back lets a
+    checkpoint that does not fit the model be reported by option, not by shape.
+    """
+    attention = "encoder.attention."
+    embed_dim = _dim(state, "decoder.embed_tokens.weight", 1)
+    lstm_input = _dim(state, "decoder.lstm.weight_ih_l0", 1)
+    hidden_size = _dim(state, "decoder.lstm.weight_hh_l0", 1)
+    # Eq. 3: the output layer reads [h_i; c_i], so it is wider than h_i by the context.
+    output_input = _dim(state, "decoder.output_projection.weight", 1)
+    has_context = None if None in (hidden_size, output_input) else output_input > hidden_size
+    return {
+        "attention_type": _attention_type(
+            [name[len(attention):] for name in state if name.startswith(attention)], has_context),
+        "memory_k": _dim(state, attention + "W_alpha.weight", 0),
+        "attention_dim": _dim(state, attention + "v.weight", 1),
+        "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
+        "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),
+        "encoder_layers": _num_layers(state, "encoder.lstm"),
+        "decoder_embed_dim": embed_dim,
+        "decoder_hidden_size": hidden_size,
+        "decoder_layers": _num_layers(state, "decoder.lstm"),
+        # The previous context is concatenated to the decoder's embeddings.
+        "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
+        "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
+        "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
+    }
+
+
+def check_checkpoint_fits(checkpoint_state, model_state) -> None:
+    """Fail with the options that differ, instead of torch's tensor shapes."""
+    saved, built = shape_options(checkpoint_state), shape_options(model_state)
+    differences = [
+        f"checkpoint has {name}={saved[name]} but the model was built with {name}={built[name]}"
+        for name in saved
+        if None not in (saved[name], built[name]) and saved[name] != built[name]
+    ]
+    if differences:
+        raise ValueError(
+            "the checkpoint does not fit the model: " + "; ".join(differences)
+            + " (the model's options come from the checkpoint and --model-overrides, "
+            "the vocabulary sizes from the task's dictionaries)"
+        )
 
 
 def check_sizes(args):

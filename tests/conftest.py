@@ -1,5 +1,6 @@
 import argparse
 import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -9,11 +10,33 @@ from fairseq.data import Dictionary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO, "fairseq_memattn")
+BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, REPO)
 
 from fairseq_memattn.model import MemAttnLSTMModel  # noqa: E402
 
+# A left-padded batch of three sources and decoder inputs for it (BOS = EOS first).
+SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
+PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])
 ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", "linear", "gated_linear"]
+
+
+def clean_env(**extra):
+    """The environment for fairseq's command lines: our plugin importable, and
+    none of torch's switches that would turn weights_only loading off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    env["PYTHONPATH"] = REPO
+    env.update(extra)
+    return env
+
+
+def run_fairseq(tool, *args, cwd=None, stdin=None, check=True):
+    """Run a fairseq command line (fairseq-train, ...) to completion."""
+    result = subprocess.run([os.path.join(BIN, tool), *args], cwd=cwd, env=clean_env(),
+                            input=stdin, capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, f"{tool} failed:\n{result.stderr[-3000:]}"
+    return result
 
 
 def make_dictionary(n_symbols=12):
@@ -35,6 +58,16 @@ def make_args(**overrides):
     return args
 
 
+def attention_args(**overrides):
+    """What build_attention reads from the command line; memory attention, K = 4."""
+    args = argparse.Namespace(attention_type="memory", attention_dim=None, memory_k=4,
+                              memory_encoder_score="softmax", memory_decoder_score="softmax",
+                              memory_encoder_normalize="contexts", memory_position_encoding=False,
+                              memory_position_max_len=None, max_source_positions=10)
+    vars(args).update(overrides)
+    return args
+
+
 def build_model(dictionary=None, seed=0, **overrides):
     dictionary = dictionary or make_dictionary()
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
@@ -42,6 +75,18 @@ def build_model(dictionary=None, seed=0, **overrides):
     model = MemAttnLSTMModel.build_model(make_args(**overrides), task)
     model.eval()
     return model
+
+
+# Every attention type, with and without input feeding: a test taking
+# (dictionary, attention_type, input_feeding) runs for each.
+for_every_model = pytest.mark.parametrize(
+    "attention_type, input_feeding", [(kind, feeding) for feeding in (False, True) for kind in ALL_ATTENTION])
+
+
+def build_every_model(dictionary, attention_type, input_feeding):
+    """The model for_every_model stands for; memory attention with position encodings (Eq. 8-10)."""
+    return build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
+                       memory_position_encoding=attention_type == "memory")
 
 
 def left_padded_batch(dictionary, sentences):

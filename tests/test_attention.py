@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 import torch
-from conftest import build_model, left_padded_batch, make_args
+from conftest import attention_args, build_model, left_padded_batch, make_args
 
 from fairseq_memattn.attention import MemoryAttention, build_attention, position_encodings
 
@@ -104,15 +104,6 @@ def test_padding_never_contributes_to_memory():
 
 # --- bad input: a clear error naming the value and what is allowed -------------
 
-def attention_args(**overrides):
-    args = argparse.Namespace(attention_type="memory", attention_dim=None, memory_k=4,
-                              memory_encoder_score="softmax", memory_decoder_score="softmax",
-                              memory_encoder_normalize="contexts", memory_position_encoding=False,
-                              memory_position_max_len=None, max_source_positions=10)
-    vars(args).update(overrides)
-    return args
-
-
 @pytest.mark.parametrize("overrides, message", [
     ({"memory_k": 0}, r"invalid --memory-k: 0 \(must be an integer >= 1\)"),
     ({"memory_k": -3}, r"invalid --memory-k: -3"),
@@ -147,6 +138,21 @@ def test_source_longer_than_position_encoding_maximum(dictionary):
         model.encoder(tokens, lengths)
     assert build_model(dictionary, attention_type="memory", memory_position_encoding=True,
                        max_source_positions=5).encoder.attention.position_encoding_max_len == 5
+
+
+@pytest.mark.parametrize("overrides, source_limit", [
+    ({"memory_position_encoding": True}, 20),
+    ({"memory_position_encoding": True, "memory_position_max_len": 12}, 12),
+    ({"memory_position_encoding": True, "memory_position_max_len": 30}, 20),
+    ({"memory_position_encoding": False, "memory_position_max_len": 12}, 20),
+])
+def test_sources_beyond_position_encodings_are_filtered_by_fairseq(dictionary, overrides,
+                                                                   source_limit):
+    """fairseq skips or refuses sources longer than the model's max_positions(),
+    so a source beyond S never reaches the position encodings."""
+    model = build_model(dictionary, attention_type="memory", max_source_positions=20,
+                        max_target_positions=20, **overrides)
+    assert model.max_positions() == (source_limit, 20)
 
 
 def test_no_attention_refuses_alignment(dictionary):

@@ -5,15 +5,13 @@ weights_only protection on and no environment variable."""
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import PLUGIN_DIR, REPO
+from conftest import PLUGIN_DIR
+from conftest import run_fairseq as run
 
 from fairseq_memattn.score import read_generate_output, score
 
-BIN = os.path.dirname(sys.executable)
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10",
         "--copy-train-size", "4000", "--copy-valid-size", "100", "--copy-test-size", "100"]
 MODEL = ["--arch", "lstm_memattn", "--memory-k", "8", "--encoder-hidden-size", "64",
@@ -21,19 +19,6 @@ MODEL = ["--arch", "lstm_memattn", "--memory-k", "8", "--encoder-hidden-size", "
          "--dropout", "0"]
 # Thresholds this tiny run reaches with margin (measured: see the closing note / README).
 MIN_BLEU, MIN_ACCURACY = 85.0, 70.0  # measured: BLEU 96.8, accuracy 83.0
-
-
-def clean_env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
-    env["PYTHONPATH"] = REPO
-    return env
-
-
-def run(tool, *args, cwd=None, stdin=None):
-    result = subprocess.run([os.path.join(BIN, tool), *args], cwd=cwd, env=clean_env(),
-                            input=stdin, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{tool} failed:\n{result.stderr[-3000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +82,8 @@ def test_user_dir_by_name_when_installed(checkpoint, tmp_path):
 
 
 def test_bad_option_is_reported_before_training(tmp_path):
-    result = subprocess.run(
-        [os.path.join(BIN, "fairseq-train"), "--user-dir", PLUGIN_DIR, *TASK, *MODEL[:2],
-         "--memory-k", "0", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8",
-         "--max-update", "1", "--cpu", "--save-dir", str(tmp_path)],
-        env=clean_env(), capture_output=True, text=True, timeout=600)
+    result = run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL[:2],
+                 "--memory-k", "0", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8",
+                 "--max-update", "1", "--cpu", "--save-dir", str(tmp_path), check=False)
     assert result.returncode != 0
     assert "invalid --memory-k: 0 (must be an integer >= 1)" in result.stderr

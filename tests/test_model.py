@@ -3,10 +3,8 @@ beam reordering and alignments."""
 
 import pytest
 import torch
-from conftest import ALL_ATTENTION, build_model, left_padded_batch
-
-SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
-PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])  # BOS(=EOS) first
+from conftest import (PREV_OUTPUT, SOURCES, build_every_model, build_model, for_every_model,
+                      left_padded_batch)
 
 
 def incremental_outputs(model, tokens, lengths, prev_output, need_attn=False):
@@ -20,11 +18,9 @@ def incremental_outputs(model, tokens, lengths, prev_output, need_attn=False):
     return torch.cat(logits, 1), (torch.cat(attns, 1) if need_attn else None)
 
 
-@pytest.mark.parametrize("input_feeding", [False, True])
-@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+@for_every_model
 def test_incremental_equals_full_forward(dictionary, attention_type, input_feeding):
-    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
-                        memory_position_encoding=attention_type == "memory")
+    model = build_every_model(dictionary, attention_type, input_feeding)
     need_attn = attention_type != "none"
     model.decoder.make_generation_fast_(need_attn=need_attn)
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
@@ -36,11 +32,9 @@ def test_incremental_equals_full_forward(dictionary, attention_type, input_feedi
         torch.testing.assert_close(step_attn, extra["attn"][0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("input_feeding", [False, True])
-@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+@for_every_model
 def test_padding_invariance(dictionary, attention_type, input_feeding):
-    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
-                        memory_position_encoding=attention_type == "memory")
+    model = build_every_model(dictionary, attention_type, input_feeding)
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
     with torch.no_grad():
         batched, _ = model(tokens, lengths, PREV_OUTPUT)
@@ -50,8 +44,7 @@ def test_padding_invariance(dictionary, attention_type, input_feeding):
             torch.testing.assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("input_feeding", [False, True])
-@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+@for_every_model
 def test_beam_reordering(dictionary, attention_type, input_feeding):
     """Reordering memory and incremental state mid-decoding, as beam search does,
     gives what decoding the reordered batch from scratch gives."""
