@@ -93,25 +93,31 @@ def read_run(run_dir):
             m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
             if m:
                 curve.append((int(m.group(2)), float(m.group(1))))
+    with open(os.path.join(run_dir, "train.log")) as f:
+        trained = re.search(r"done training in ([\d.]+) seconds", f.read())
     with open(os.path.join(run_dir, "generate.log")) as f:
         m = re.search(r"Translated [\d,]+ sentences .* in ([\d.]+)s", f.read())
     result.update(curve=curve, steps=curve[-1][0] if curve else 0,
+                  train_seconds=float(trained.group(1)) if trained else float("nan"),
                   decode_seconds=float(m.group(1)) if m else float("nan"))
     return result
 
 
 def write_table(out, rows):
-    fields = ["L", "model", "bleu", "accuracy", "decode_seconds", "steps", "paper_bleu", "paper_seconds"]
+    fields = ["L", "model", "bleu", "accuracy", "decode_seconds", "steps", "train_seconds",
+              "paper_bleu", "paper_seconds"]
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write("| L | model | BLEU | accuracy % | decode s (test, beam 10) | steps | paper BLEU | paper s |\n")
-        f.write("|---|---|---|---|---|---|---|---|\n")
+        f.write("| L | model | BLEU | accuracy % | decode s (test, beam 10) | steps | train s "
+                "| paper BLEU | paper s |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             f.write(f"| {r['L']} | {r['model']} | {r['bleu']:.2f} | {r['accuracy']:.1f} | "
-                    f"{r['decode_seconds']:.1f} | {r['steps']} | {r['paper_bleu']} | {r['paper_seconds']} |\n")
+                    f"{r['decode_seconds']:.1f} | {r['steps']} | {r['train_seconds']:.0f} "
+                    f"| {r['paper_bleu']} | {r['paper_seconds']} |\n")
 
 
 def plot_curves(path, title, curves):
@@ -167,6 +173,10 @@ def main(argv=None):
         args_k = model_args(f"K={k}") + ["--memory-encoder-score", scores[0], "--memory-decoder-score", scores[1]]
         result = run(args.out, run_name(length, f"K={k}", scores), length, args_k, args.preset, args.seed)
         fig3b[f"encoder {scores[0]}, decoder {scores[1]} (BLEU {result['bleu']:.1f})"] = result["curve"]
+        if scores != ("softmax", "softmax"):  # that one is the grid's K=k row
+            rows.append({"L": length, "model": f"K={k}, {scores[0]}/{scores[1]}", **result,
+                         "paper_bleu": "", "paper_seconds": ""})
+            write_table(args.out, rows)
     plot_curves(os.path.join(args.out, "fig3b.png"),
                 f"Fig. 3b: scoring functions, L = {length}, K = {k}", fig3b)
     print(open(os.path.join(args.out, "table.md")).read())
