@@ -6,13 +6,15 @@ Every variant is an ``nn.Module`` with two methods:
   encoder. It turns the encoder states (B x S x E, in the same padding layout
   as ``src_tokens``) into a *memory*: a dict of batch-first tensors. Only the
   memory, never the encoder states themselves unless the variant really needs
-  them, travels through beam search, so reordering it is a plain
-  ``index_select`` on dim 0 (see :func:`reorder_memory`).
+  them, travels through beam search (one row per source, shared by its
+  hypotheses: see ``model.share_rows``).
 * ``lookup(memory, query)`` runs for decoder states (B x T x H, T = 1 while
   decoding step by step) and returns ``(context, weights)``: the context vector
   c_i (B x T x context_dim, or None for no attention) and, when it can be had,
   the alignment over source positions (B x T x S), which fairseq prints with
-  ``--print-alignment``.
+  ``--print-alignment``. Query steps are looked up independently of each
+  other, so the decoder can pass the beam hypotheses that share a source's
+  memory row as extra steps of one query (see ``MemAttnDecoder.lookup``).
 
 Equation numbers refer to Britz, Guan & Luong, "Efficient Attention using a
 Fixed-Size Memory Representation" (EMNLP 2017), and to de Brebisson & Vincent,
@@ -43,11 +45,6 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 # Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
 # the paper); some implementations normalise each context over time instead.
 ENCODER_NORMALIZATIONS = ("contexts", "time")
-
-
-def reorder_memory(memory: Memory, new_order: Tensor) -> Memory:
-    """Select batch rows of a memory (beam search calls this at every step)."""
-    return {name: tensor.index_select(0, new_order) for name, tensor in memory.items()}
 
 
 def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ decoder looks it up at every step.
 
 import argparse
 import re
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 from fairseq.models import (
@@ -27,7 +27,6 @@ from .attention import (
     ENCODER_NORMALIZATIONS,
     SCORE_FUNCTIONS,
     build_attention,
-    reorder_memory,
 )
 
 DEFAULT_MAX_POSITIONS = 1024
@@ -41,6 +40,27 @@ def roll_rows(x: Tensor, shifts: Tensor) -> Tensor:
     if x.dim() == 3:
         index = index.unsqueeze(-1).expand_as(x)
     return x.gather(1, index)
+
+
+def share_rows(new_order: Tensor, group: int) -> Tuple[Tensor, int]:
+    """Where each hypothesis finds its source after beam search reorders them.
+
+    Rows of ``encoder_out`` stand for blocks of ``group`` consecutive
+    hypotheses (hypothesis j reads row j // group). After reordering by
+    ``new_order`` hypothesis j reads old row ``new_order[j] // group``.
+    fairseq's SequenceGenerator keeps each source's hypotheses in one block
+    of ``beam`` rows, so these runs are all as long as the beam: the new rows
+    are one per run, and ``encoder_out`` never holds a copy per hypothesis.
+    Any other order falls back to one row per hypothesis (group 1).
+    Returns (old rows to select, new group).
+    """
+    rows = new_order // group
+    if rows.numel() == 0:
+        return rows, 1
+    runs, lengths = torch.unique_consecutive(rows, return_counts=True)
+    if bool((lengths == lengths[0]).all()):
+        return runs, int(lengths[0])
+    return rows, 1
 
 
 def Embedding(dictionary, embed_dim):
@@ -76,9 +96,12 @@ class MemAttnEncoder(FairseqEncoder):
     ``encoder_out`` is a dict of batch-first tensors:
       * ``memory``: what the attention built from the states (see attention.py);
       * ``final_state``: B x 4H, the top layer's last h and c in both
-        directions, from which the decoder starts.
+        directions, from which the decoder starts;
+      * ``group``: how many consecutive decoder rows share each row above.
     For memory attention nothing here grows with |S|, so beam search, which
-    reorders ``encoder_out`` at every step, never copies the encoder states.
+    reorders ``encoder_out`` at every step, never copies the encoder states;
+    and since all hypotheses of a source share its row (:func:`share_rows`),
+    it does not copy the memory either.
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
@@ -115,12 +138,19 @@ class MemAttnEncoder(FairseqEncoder):
         return {
             "memory": self.attention.build_memory(states, padding_mask),
             "final_state": final_state,
+            "group": 1,
         }
 
     def reorder_encoder_out(self, encoder_out, new_order):
+        rows, group = share_rows(new_order, encoder_out["group"])
+        unchanged = rows.numel() == encoder_out["final_state"].size(0) and torch.equal(
+            rows, torch.arange(rows.numel(), device=rows.device))
+        if unchanged:  # the usual beam step: hypotheses moved only within their source's block
+            return {**encoder_out, "group": group}
         return {
-            "memory": reorder_memory(encoder_out["memory"], new_order),
-            "final_state": encoder_out["final_state"].index_select(0, new_order),
+            "memory": {name: t.index_select(0, rows) for name, t in encoder_out["memory"].items()},
+            "final_state": encoder_out["final_state"].index_select(0, rows),
+            "group": group,
         }
 
     def max_positions(self):
@@ -161,8 +191,9 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
 
     def initial_state(self, encoder_out):
-        bsz = encoder_out["final_state"].size(0)
         init = torch.tanh(self.bridge(encoder_out["final_state"]))
+        init = init.repeat_interleave(encoder_out["group"], dim=0)  # one row per hypothesis
+        bsz = init.size(0)
         h0, c0 = init.view(bsz, 2, self.num_layers, self.hidden_size).permute(1, 2, 0, 3)
         state = {"h": h0.contiguous(), "c": c0.contiguous()}
         if self.input_feeding:
@@ -180,28 +211,42 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
             state = self.get_incremental_state(incremental_state, "state")
         if state is None:
             state = self.initial_state(encoder_out)
-        memory = encoder_out["memory"]
         x = self.dropout(self.embed_tokens(prev_output_tokens))
 
         if self.input_feeding:
-            hidden, context, attn, state = self._run_with_input_feeding(x, memory, state)
+            hidden, context, attn, state = self._run_with_input_feeding(x, encoder_out, state)
         else:
             hidden, (h, c) = self.lstm(x, (state["h"], state["c"]))
             state = {"h": h, "c": c}
-            context, attn = self.attention.lookup(memory, hidden)
+            context, attn = self.lookup(encoder_out, hidden)
 
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", state)
         features = hidden if context is None else torch.cat([hidden, context], dim=-1)
         return self.dropout(features), (attn if self.need_attn else None)
 
-    def _run_with_input_feeding(self, x, memory, state):
+    def lookup(self, encoder_out, hidden):
+        """The attention's lookup for B*group x T queries in B rows of memory:
+        the hypotheses sharing a row are looked up as extra query steps."""
+        group = encoder_out["group"]
+        if group == 1:
+            return self.attention.lookup(encoder_out["memory"], hidden)
+        rows, steps = hidden.size(0) // group, hidden.size(1)
+        context, attn = self.attention.lookup(encoder_out["memory"],
+                                              hidden.reshape(rows, group * steps, -1))
+
+        def per_hypothesis(t):
+            return None if t is None else t.reshape(rows * group, steps, -1)
+
+        return per_hypothesis(context), per_hypothesis(attn)
+
+    def _run_with_input_feeding(self, x, encoder_out, state):
         hiddens, contexts, attns = [], [], []
         h, c, context = state["h"], state["c"], state["context"]
         for step in range(x.size(1)):
             step_input = torch.cat([x[:, step : step + 1], context.unsqueeze(1)], dim=-1)
             hidden, (h, c) = self.lstm(step_input, (h, c))
-            step_context, step_attn = self.attention.lookup(memory, hidden)
+            step_context, step_attn = self.lookup(encoder_out, hidden)
             context = step_context.squeeze(1)
             hiddens.append(hidden)
             contexts.append(step_context)

@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""Decoding and training speed of memory attention, its baselines and fairseq's own `lstm`.
+
+    OMP_NUM_THREADS=1 python recipes/speed/benchmark.py --out results/speed
+
+Decoding: fairseq's SequenceGenerator (beam 10, batches of 20 sources), as fairseq-generate runs
+it, on untrained models (2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, 20 symbols),
+excluding model construction and data loading. Every output is forced to the source length
+(min_len = max_len = L), so every model decodes exactly L + 1 steps per batch and untrained models
+compare fairly. Each (model, L) cell decodes --sources sources --repeats times and reports the
+median; the models take turns, and a cell stops repeating once it has used --max-cell-seconds
+(slow peers at long L).
+
+Also reported: the bytes each beam hypothesis keeps cached for attention (what `encoder_out`
+holds after beam expansion, which SequenceGenerator reorders at every step) and training
+throughput (target tokens/s, forward + backward + Adam step) with and without input feeding.
+
+Writes OUT/decode.csv, OUT/train.csv, OUT/speed.md (tables and the targets of issue 4) and
+OUT/decode_time.png; a finished cell already in OUT/decode.csv is not measured again.
+"""
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
+sys.path.insert(0, HERE)
+from report import read as read_csv, write_report  # noqa: E402
+
+# fairseq's `lstm` at the sizes of our models (its defaults are 512-d, unidirectional).
+FAIRSEQ_LSTM = ["--arch", "lstm", "--encoder-bidirectional", "--encoder-layers", "2",
+                "--encoder-hidden-size", "256", "--encoder-embed-dim", "256",
+                "--decoder-layers", "2", "--decoder-hidden-size", "256",
+                "--decoder-embed-dim", "256", "--decoder-out-embed-dim", "256"]
+
+# name: (label, fairseq-train arguments). Our architectures' defaults are the sizes above.
+MODELS = {
+    "noatt": ("No Att", ["--arch", "lstm_noatt"]),
+    **{f"k{k}": (f"K={k}", ["--arch", "lstm_memattn", "--memory-k", str(k)]) for k in (1, 4, 16, 32, 64)},
+    "att": ("Att (additive)", ["--arch", "lstm_att"]),
+    # Plain dot attention needs decoder units = encoder units (512); Luong's "general" is dot
+    # attention through a matrix and fits these sizes.
+    "dot": ("Att (dot, Luong general)", ["--arch", "lstm_att", "--attention-type", "general"]),
+    "linear": ("Linear (de Brebisson)", ["--arch", "lstm_linatt"]),
+    "lstm": ("fairseq lstm, no att", FAIRSEQ_LSTM + ["--decoder-attention", "0"]),
+    "lstm_att": ("fairseq lstm + att", FAIRSEQ_LSTM + ["--decoder-attention", "1"]),
+}
+OURS = [name for name in MODELS if not name.startswith("lstm")]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for the tables and the plot")
+    p.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME",
+                   help=f"models to time (default: all of {', '.join(MODELS)})")
+    p.add_argument("--lengths", nargs="*", type=int, default=[10, 50, 100, 200, 400, 800], metavar="L",
+                   help="source lengths to decode (none: skip decoding)")
+    p.add_argument("--sources", type=int, default=1000, help="sources decoded per measurement")
+    p.add_argument("--batch-size", type=int, default=20, help="sources per batch")
+    p.add_argument("--beam", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
+    p.add_argument("--max-cell-seconds", type=float, default=300.0,
+                   help="stop repeating a cell once it has used this long (at least one measurement)")
+    p.add_argument("--train-lengths", nargs="*", type=int, default=[200], metavar="L",
+                   help="lengths for the training-throughput table (none: skip it)")
+    p.add_argument("--train-batch-size", type=int, default=32)
+    p.add_argument("--train-steps", type=int, default=5, help="timed training steps (median reported)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timings)")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        p.error(f"unknown --models {', '.join(unknown)} (choose from {', '.join(MODELS)})")
+    for name in ("sources", "batch_size", "beam", "repeats", "train_batch_size", "train_steps", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for length in args.lengths + args.train_lengths:
+        if length < 1:
+            p.error(f"lengths must be >= 1, got {length}")
+    return args
+
+
+def build_model(name, max_len, input_feeding=False):
+    """An untrained model as fairseq-train would build it (seed 0), and its task."""
+    from fairseq import options, tasks
+
+    cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
+           "--max-source-positions", str(max_len + 2), "--max-target-positions", str(max_len + 2),
+           *MODELS[name][1], *(["--input-feeding"] if input_feeding else [])]
+    args = options.parse_args_and_arch(options.get_training_parser(), cmd)
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task.build_model(args), task
+
+
+def copy_batches(task, length, n_sources, batch_size, seed=0):
+    """n_sources random sequences of exactly `length` symbols (+ EOS), as collated batches."""
+    d = task.source_dictionary
+    rng = np.random.default_rng(seed)
+    symbols = rng.integers(d.nspecial, len(d), size=(n_sources, length))
+    tokens = torch.cat([torch.from_numpy(symbols), torch.full((n_sources, 1), d.eos())], dim=1)
+    return [
+        {"id": torch.arange(start, min(start + batch_size, n_sources)),
+         "net_input": {"src_tokens": tokens[start : start + batch_size],
+                       "src_lengths": torch.full((min(batch_size, n_sources - start),), length + 1)}}
+        for start in range(0, n_sources, batch_size)
+    ]
+
+
+def cached_bytes_per_hypothesis(model, batch, beam):
+    """Bytes `encoder_out` holds per hypothesis after beam expansion (shared storage counted once)."""
+    with torch.no_grad():
+        encoder_out = model.encoder(**batch["net_input"])
+        n = batch["net_input"]["src_tokens"].size(0)
+        expanded = model.encoder.reorder_encoder_out(encoder_out, torch.arange(n).repeat_interleave(beam))
+    storages = {}
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(expanded)
+    return sum(storages.values()) / (n * beam)
+
+
+def decoder_for(model, task, length, beam):
+    """fairseq-generate's beam search, forced to emit exactly `length` tokens and EOS."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    return SequenceGenerator([model], task.target_dictionary, beam_size=beam,
+                             max_len_a=0, max_len_b=length, min_len=length)
+
+
+def time_decoding(generator, model, batches, length):
+    start = time.perf_counter()
+    for batch in batches:
+        hypos = generator.generate([model], batch)
+    seconds = time.perf_counter() - start
+    steps = hypos[0][0]["tokens"].numel()
+    assert steps == length + 1, f"output has {steps} tokens, expected {length + 1}"
+    return seconds
+
+
+def time_training(model, batch, steps):
+    """Median seconds of one training step (forward, backward, Adam) on a copy batch."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    tokens = batch["net_input"]["src_tokens"]
+    prev_output = torch.roll(tokens, 1, dims=1)  # EOS first, as fairseq's collater does
+    times = []
+    for step in range(steps + 1):  # the first step warms up
+        start = time.perf_counter()
+        logits, _ = model(tokens, batch["net_input"]["src_lengths"], prev_output)
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def append_csv(path, row):
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def benchmark_decoding(args, path):
+    """For each L, the models take turns (one decode of all sources each per round), so that a
+    change in the machine's load shifts every model's median alike, not just one model's."""
+    done = {(r["model"], int(r["L"])) for r in read_csv(path)}
+    for length in args.lengths:
+        todo = [name for name in args.models if (name, length) not in done]
+        cells = {}
+        for name in todo:
+            model, task = build_model(name, length)
+            cells[name] = (model.eval(), decoder_for(model, task, length, args.beam),
+                           copy_batches(task, length, args.sources, args.batch_size), [])
+        for _ in range(args.repeats):
+            for name, (model, generator, batches, times) in cells.items():
+                if sum(times) < args.max_cell_seconds:
+                    times.append(time_decoding(generator, model, batches, length))
+        for name, (model, generator, batches, times) in cells.items():
+            seconds = statistics.median(times)
+            row = {"model": name, "label": MODELS[name][0], "L": length, "sources": args.sources,
+                   "beam": args.beam, "repeats": len(times), "seconds": f"{seconds:.3f}",
+                   "ms_per_step": f"{1000 * seconds / (len(batches) * (length + 1)):.3f}",
+                   "bytes_per_hypothesis": round(cached_bytes_per_hypothesis(model, batches[0], args.beam))}
+            append_csv(path, row)
+            print(f"decode L={length:4d} {MODELS[name][0]:26s} {seconds:9.2f} s "
+                  f"({row['ms_per_step']} ms/step, {len(times)} runs)", flush=True)
+
+
+def benchmark_training(args, path):
+    done = {(r["model"], int(r["L"]), r["input_feeding"]) for r in read_csv(path)}
+    for length in args.train_lengths:
+        for name in args.models:
+            # fairseq's lstm has one mode: it always feeds the previous output back.
+            for feeding in ([True] if name.startswith("lstm") else [False, True]):
+                if (name, length, str(feeding)) in done:
+                    continue
+                model, task = build_model(name, length, input_feeding=feeding and name in OURS)
+                batch = copy_batches(task, length, args.train_batch_size, args.train_batch_size)[0]
+                seconds = time_training(model, batch, args.train_steps)
+                tokens_per_s = args.train_batch_size * (length + 1) / seconds
+                append_csv(path, {"model": name, "label": MODELS[name][0], "L": length,
+                                  "input_feeding": feeding, "batch": args.train_batch_size,
+                                  "step_seconds": f"{seconds:.4f}", "tokens_per_s": f"{tokens_per_s:.0f}"})
+                print(f"train  L={length:4d} {MODELS[name][0]:26s} input feeding {feeding!s:5s} "
+                      f"{tokens_per_s:8.0f} tokens/s", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    decode_csv, train_csv = os.path.join(args.out, "decode.csv"), os.path.join(args.out, "train.csv")
+    benchmark_decoding(args, decode_csv)
+    benchmark_training(args, train_csv)
+    write_report(args.out, " ".join(["python", "recipes/speed/benchmark.py", *(argv or sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Beam search shares each source's memory among its hypotheses (model.share_rows)
+and decodes exactly what one copy per hypothesis decodes."""
+
+import pytest
+import torch
+from conftest import ALL_ATTENTION, build_model, left_padded_batch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_memattn import model as model_module
+from fairseq_memattn.model import share_rows
+
+# Sources of different lengths, so that sentences finish at different steps and
+# SequenceGenerator drops finished ones from the batch.
+SOURCES = [[3, 4, 5, 6, 7, 8, 9], [8, 9], [5], [4, 4, 6, 7], [9, 8, 7, 6, 5]]
+
+
+def test_beam_expansion_keeps_one_row_per_source():
+    rows, group = share_rows(torch.arange(3).repeat_interleave(4), group=1)
+    assert rows.tolist() == [0, 1, 2] and group == 4
+
+
+def test_moves_within_blocks_keep_the_rows():
+    new_order = torch.tensor([1, 1, 0, 5, 3, 4])  # beam 3: hypotheses moved within blocks
+    rows, group = share_rows(new_order, group=3)
+    assert rows.tolist() == [0, 1] and group == 3
+
+
+def test_finished_sentences_drop_their_rows():
+    new_order = torch.tensor([1, 0, 5, 5])  # beam 2, 3 sources: the second one finished
+    rows, group = share_rows(new_order, group=2)
+    assert rows.tolist() == [0, 2] and group == 2
+
+
+def test_other_orders_fall_back_to_a_row_per_hypothesis():
+    new_order = torch.tensor([0, 2, 3, 3, 1])
+    rows, group = share_rows(new_order, group=2)
+    assert rows.tolist() == [0, 1, 1, 1, 0] and group == 1
+
+
+def test_no_hypotheses_left():
+    rows, group = share_rows(torch.zeros(0, dtype=torch.long), group=4)
+    assert rows.numel() == 0 and group == 1
+
+
+def beam_search(model, dictionary, beam=4):
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    sample = {"id": torch.arange(len(SOURCES)),
+              "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=12)
+    with torch.no_grad():
+        return generator.generate([model], sample)
+
+
+def beam_search_with_varied_lengths(model, dictionary):
+    """Beam search, after making the untrained model end sentences at different
+    steps (sharper outputs, a bias towards EOS), so that finished sentences
+    leave the batch while others go on."""
+    with torch.no_grad():
+        model.decoder.output_projection.weight.mul_(10)
+        model.decoder.output_projection.bias[dictionary.eos()] -= 1
+        for _ in range(20):
+            hypos = beam_search(model, dictionary)
+            if len({len(h["tokens"]) for sentence in hypos for h in sentence}) > 1:
+                return hypos
+            model.decoder.output_projection.bias[dictionary.eos()] += 0.25
+    pytest.fail("no EOS bias made sentences end at different steps")
+
+
+@pytest.mark.parametrize("input_feeding", [False, True])
+@pytest.mark.parametrize("attention_type", ALL_ATTENTION)
+def test_shared_memory_decodes_like_a_copy_per_hypothesis(dictionary, attention_type,
+                                                          input_feeding, monkeypatch):
+    model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding)
+    model.decoder.make_generation_fast_(need_attn=attention_type != "none")
+    shared = beam_search_with_varied_lengths(model, dictionary)
+    # The reference: every reorder selects one row per hypothesis, as fairseq's own models do.
+    monkeypatch.setattr(model_module, "share_rows", lambda new_order, group: (new_order // group, 1))
+    copied = beam_search(model, dictionary)
+
+    for shared_hypos, copied_hypos in zip(shared, copied):
+        for a, b in zip(shared_hypos, copied_hypos):
+            assert a["tokens"].tolist() == b["tokens"].tolist()
+            torch.testing.assert_close(a["positional_scores"], b["positional_scores"])
+            if attention_type != "none":
+                torch.testing.assert_close(a["attention"], b["attention"])
+
+
+def test_beam_search_keeps_the_memory_at_one_row_per_source(dictionary, monkeypatch):
+    model = build_model(dictionary, attention_type="memory")
+    seen = []
+    reorder = model.encoder.reorder_encoder_out
+
+    def spy(encoder_out, new_order):
+        out = reorder(encoder_out, new_order)
+        seen.append((out["memory"]["contexts"].size(0), out["group"], new_order.numel()))
+        return out
+
+    monkeypatch.setattr(model.encoder, "reorder_encoder_out", spy)
+    beam_search(model, dictionary, beam=4)
+    assert seen[0] == (len(SOURCES), 4, 4 * len(SOURCES))
+    assert all(rows * group == hypotheses for rows, group, hypotheses in seen)
+    assert all(group == 4 for _, group, _ in seen)

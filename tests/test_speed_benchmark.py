@@ -1,0 +1,50 @@
+"""recipes/speed/benchmark.py on a tiny grid: it runs, its tables hold what they claim, and
+bad options are refused by name. (The speed itself is measured by the benchmark, not here.)"""
+
+import csv
+import os
+import subprocess
+import sys
+
+from conftest import REPO, clean_env
+
+BENCHMARK = os.path.join(REPO, "recipes", "speed", "benchmark.py")
+
+
+def run_benchmark(*args):
+    return subprocess.run([sys.executable, BENCHMARK, *args], env=clean_env(), capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_tiny_grid(tmp_path):
+    out = tmp_path / "speed"
+    result = run_benchmark("--out", str(out), "--models", "noatt", "k4", "att", "lstm_att",
+                           "--lengths", "4", "12", "--sources", "3", "--batch-size", "2",
+                           "--beam", "2", "--repeats", "2", "--train-lengths", "6",
+                           "--train-batch-size", "2", "--train-steps", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out / "decode.csv") as f:
+        decode = {(r["model"], int(r["L"])): r for r in csv.DictReader(f)}
+    assert len(decode) == 8 and all(r["repeats"] == "2" for r in decode.values())
+    kib = {key: int(r["bytes_per_hypothesis"]) for key, r in decode.items()}
+    # The fixed-size memory does not grow with L; attention over the states does.
+    assert kib["k4", 4] == kib["k4", 12] < kib["att", 12]
+    assert kib["att", 4] < kib["att", 12] and kib["lstm_att", 4] < kib["lstm_att", 12]
+    with open(out / "train.csv") as f:
+        feeding = [(r["model"], r["input_feeding"]) for r in csv.DictReader(f)]
+    assert ("k4", "False") in feeding and ("k4", "True") in feeding and ("lstm_att", "True") in feeding
+    report = (out / "speed.md").read_text()
+    assert "K=32 / No Att" in report and "| K=4 |" in report
+    assert (out / "decode_time.png").stat().st_size > 0
+
+    # A second run finds every cell done and measures nothing again.
+    again = run_benchmark("--out", str(out), "--models", "noatt", "--lengths", "4",
+                          "--sources", "3", "--train-lengths")
+    assert again.returncode == 0 and "decode L=" not in again.stdout
+
+
+def test_bad_options_are_named(tmp_path):
+    result = run_benchmark("--out", str(tmp_path), "--models", "k3")
+    assert result.returncode == 2 and "unknown --models k3" in result.stderr and "k32" in result.stderr
+    result = run_benchmark("--out", str(tmp_path), "--lengths", "0")
+    assert result.returncode == 2 and "lengths must be >= 1, got 0" in result.stderr
