@@ -75,10 +75,11 @@ def device_args(gpus: int) -> List[str]:
 def train_command(pair: str, config: str, data: str, save_dir: str, gpus: int,
                   extra: List[str]) -> List[str]:
     src, tgt = check_pair(pair)
+    model = config_args(config)
     return [
         fairseq_tool("fairseq-train"), data_bin(data, pair), "--user-dir", PLUGIN_DIR,
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
-        "--arch", "lstm_memattn_wmt", *config_args(config),
+        "--arch", "lstm_memattn_wmt", *model,
         "--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS),
         # Sec. 4.1/4.2: Adam 1e-4, batch 128 (per worker), dropout 0.2 (the architecture's), up to 1M steps
         "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "1000000",
