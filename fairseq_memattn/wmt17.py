@@ -24,6 +24,7 @@ older version of its input.
 import argparse
 import gzip
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -168,11 +169,18 @@ def learn_bpe(raw: str, langs, model: str, vocab_size: int):
     import sentencepiece as spm
 
     tmp = atomic_output(model)
-    spm.SentencePieceTrainer.train(
-        input=",".join(os.path.join(raw, f"train.{lang}") for lang in langs),
-        model_prefix=tmp, model_type="bpe", vocab_size=vocab_size, character_coverage=1.0,
-        input_sentence_size=10_000_000, shuffle_input_sentence=True, num_threads=1,
-        minloglevel=2)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(os.path.join(raw, f"train.{lang}") for lang in langs),
+            model_prefix=tmp, model_type="bpe", vocab_size=vocab_size, character_coverage=1.0,
+            input_sentence_size=10_000_000, shuffle_input_sentence=True, num_threads=1,
+            minloglevel=2)
+    except RuntimeError as error:
+        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(error))
+        if not most:
+            raise
+        raise DataError(f"invalid --vocab-size: {vocab_size} (the training text allows at most "
+                        f"{most.group(1)} BPE pieces; use a smaller --vocab-size)") from None
     os.replace(tmp + ".vocab", model[: -len(".model")] + ".vocab")
     commit(tmp + ".model", model)
 
@@ -248,8 +256,9 @@ def main(argv: List[str] = None):
     sub.add_parser("train", help="fairseq-train one of the paper's configurations (see wmt17_run)")
     sub.add_parser("evaluate", help="beam-10 decoding and sacreBLEU (see wmt17_run)")
     args = parser.parse_args(argv)
-    if args.vocab_size < 2:
-        parser.error(f"invalid --vocab-size: {args.vocab_size} (must be an integer >= 2)")
+    for name in ("vocab_size", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be an integer >= 1)")
     try:
         check_pair(args.pair)
         if args.raw_dir and not os.path.isdir(args.raw_dir):

@@ -179,6 +179,14 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
     out = tmp_path / "out"
     assert prepare_error(capsys, "en-xx", "--raw-dir", str(raw), "--out", str(out)) == (
         "wmt17: error: unknown language pair 'en-xx' (choose from en-cs, en-de, en-fi, en-tr)")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--workers", "0") == (
+        "wmt17: error: invalid --workers: 0 (must be an integer >= 1)")
+    assert re.fullmatch(
+        r"wmt17: error: invalid --vocab-size: 5000 \(the training text allows at most \d+ BPE pieces; "
+        r"use a smaller --vocab-size\)",
+        prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "big"),
+                      "--vocab-size", "5000"))
+    assert not (tmp_path / "big" / "spm.model").exists()
     assert prepare_error(capsys, "en-fi", "--raw-dir", str(raw), "--out", str(out)) == (
         f"wmt17: error: missing in {raw}: train.fi, valid.fi, test.fi (need train, valid and test "
         "files for both sides: {train,valid,test}.{en,fi})")
