@@ -115,9 +115,10 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
     src, tgt = check_pair(pair)
     if not os.path.isfile(checkpoint):
         raise DataError(f"checkpoint {checkpoint} does not exist")
+    binarized = data_bin(data, pair)
     with open(os.path.join(data, "ref", f"{subset}.{tgt}"), encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f]
-    command = [fairseq_tool("fairseq-generate"), data_bin(data, pair), "--user-dir", PLUGIN_DIR,
+    command = [fairseq_tool("fairseq-generate"), binarized, "--user-dir", PLUGIN_DIR,
                "--task", "translation", "--source-lang", src, "--target-lang", tgt,
                "--path", checkpoint, "--gen-subset", subset, "--beam", "10",
                "--post-process", "sentencepiece", "--batch-size", "64",
