@@ -12,7 +12,9 @@ setup(
     # fairseq is not listed either, so that pip never replaces your own fairseq
     # checkout; choose a distribution explicitly (see README, "Which fairseq").
     # torch 2.4: add_safe_globals (checkpoint_safety) and torch.is_autocast_enabled(device).
-    install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "matplotlib>=3.6"],
+    # sacremoses: undoing the tokenisation and truecasing of the WMT'17 preprocessed corpora.
+    install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses",
+                      "matplotlib>=3.6"],
     entry_points={"console_scripts": ["fairseq-memattn-plot = fairseq_memattn.plot:main"]},
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.

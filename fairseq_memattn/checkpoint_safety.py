@@ -4,9 +4,12 @@ Since torch 2.6, ``torch.load`` refuses any global it does not know, and every
 fairseq checkpoint stores its command line as an ``argparse.Namespace``, so
 fairseq-generate fails with "Unsupported global: argparse.Namespace". Instead of
 turning the protection off, we allowlist the plain-data types fairseq
-checkpoints hold: the Namespace, and numpy scalars (validation metrics such as
-BLEU can be saved as numpy floats). None of them runs code when unpickled, so a
-checkpoint that tries to (a ``__reduce__`` payload) is still refused by torch.
+checkpoints hold: the Namespace, numpy scalars (validation metrics such as
+BLEU can be saved as numpy floats) and numeric numpy arrays (fairseq's
+``--eval-bleu`` keeps its n-gram counts as arrays in the saved meters). None of
+them runs code when unpickled, so a checkpoint that tries to (a ``__reduce__``
+payload) is still refused by torch. Arrays of Python objects stay refused: only
+the dtypes of numbers are allowlisted, so an object dtype cannot be rebuilt.
 
 torch explains such a refusal with a long message whose advice is to allowlist
 the offending global or to pass ``weights_only=False``, i.e. to let the file run
@@ -27,15 +30,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-_NUMPY_SCALAR_TYPES = (np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_)
+_NUMPY_SCALAR_TYPES = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                       np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
 
 
 def fairseq_checkpoint_globals():
     """The types a fairseq checkpoint may pickle besides tensors and containers."""
-    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
+    multiarray = (getattr(np, "_core", None) or np.core).multiarray  # numpy 2 renamed np.core
     return [
         argparse.Namespace,
-        multiarray.multiarray.scalar,
+        multiarray.scalar,
+        # an array pickles as _reconstruct(ndarray, ...) and then sets its dtype and bytes;
+        # numpy 1 wrote the module as numpy.core, numpy 2 as numpy._core
+        (multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+        (multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+        np.ndarray,
         np.dtype,
         *(type(np.dtype(t)) for t in _NUMPY_SCALAR_TYPES),
     ]
@@ -46,7 +55,7 @@ def allow_fairseq_checkpoints():
 
 
 _REFUSED = "Weights only load failed"
-SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars"
+SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars and numeric arrays"
 
 
 def _torch_load_frame(tb):

@@ -118,7 +118,7 @@ def test_checkpoint_that_would_run_code_is_refused(loads, run):
     assert final_error(loads[run]) == (
         f"fairseq_memattn: refused to load {loads['malicious_path']}: its pickle calls exec, which is "
         "not among the types fairseq checkpoints hold (tensors, containers, argparse.Namespace, "
-        "numpy scalars). Unpickling it could run code from the file, so nothing in it was run. "
+        "numpy scalars and numeric arrays). Unpickling it could run code from the file, so nothing in it was run. "
         "Load it with torch.load(..., weights_only=False) only if you trust where it came from.")
     assert "Traceback" not in loads[run].stderr
 

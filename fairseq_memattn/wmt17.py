@@ -1,0 +1,273 @@
+"""WMT'17 data for the paper's Table 2 (Sec. 4.2): download, check, BPE, binarize.
+
+    python -m fairseq_memattn.wmt17 prepare en-de [--out DIR] [--raw-dir DIR]
+    python -m fairseq_memattn.wmt17 train en-de k64_pe [fairseq-train options]
+    python -m fairseq_memattn.wmt17 evaluate en-de CHECKPOINT
+
+(``recipes/wmt17/*.sh`` call these; ``train`` and ``evaluate`` live in
+``wmt17_run.py``.) The paper trained on the WMT'17 "preprocessed" corpora
+(tokenised and truecased by the organisers), with a shared 16k BPE vocabulary,
+newstest2015 for validation and newstest2016 for test. We undo the organisers'
+truecasing and tokenisation (sacremoses), so that the model reads and writes
+plain text: sentencepiece's BPE then works on raw text, fairseq-interactive
+takes raw sentences and the test score is detokenised sacreBLEU against the
+official references.
+
+Only ``download`` needs the network. Everything after it reads the plain-text
+files ``train|valid|test.{en,xx}`` of one directory: the downloaded ones, or
+the user's (``--raw-dir``, for offline machines). Each step writes to a
+temporary name and renames it when complete, and skips an output that exists;
+once a step has run, every later step runs again, so nothing is built from an
+older version of its input.
+"""
+
+import argparse
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from typing import Dict, List
+
+PAIRS = ("en-cs", "en-de", "en-fi", "en-tr")
+SPLITS = ("train", "valid", "test")
+PREPROCESSED = "http://data.statmt.org/wmt17/translation-task/preprocessed/{xx}-en/corpus.tc.{lang}.gz"
+# sacrebleu test sets: newstest2015 for validation and newstest2016 for test, as in
+# the paper; WMT'15 had no Turkish, so en-tr validates on newsdev2016.
+SACREBLEU_SETS = {"valid": "wmt15", "test": "wmt16"}
+SACREBLEU_SETS_TR = {"valid": "wmt16/dev", "test": "wmt16"}
+VOCAB_SIZE = 16000
+
+
+class DataError(ValueError):
+    """Input that would make training fail or train on the wrong data."""
+
+
+def check_pair(pair: str):
+    """('en', 'xx') for a supported pair, else a DataError naming the allowed ones."""
+    if pair not in PAIRS:
+        raise DataError(f"unknown language pair {pair!r} (choose from {', '.join(PAIRS)})")
+    return tuple(pair.split("-"))
+
+
+def test_sets(pair: str) -> Dict[str, str]:
+    return SACREBLEU_SETS_TR if pair == "en-tr" else SACREBLEU_SETS
+
+
+def count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def check_raw(raw_dir: str, pair: str) -> Dict[str, int]:
+    """Sentence counts per split; a DataError for a missing file, sides of
+    different length or a split without any text, before anything is built."""
+    langs = check_pair(pair)
+    missing = [f"{s}.{lang}" for s in SPLITS for lang in langs
+               if not os.path.isfile(os.path.join(raw_dir, f"{s}.{lang}"))]
+    if missing:
+        raise DataError(f"missing in {raw_dir}: {', '.join(missing)} (need train, valid and test "
+                        f"files for both sides: {{train,valid,test}}.{{{','.join(langs)}}})")
+    counts = {}
+    for split in SPLITS:
+        paths = [os.path.join(raw_dir, f"{split}.{lang}") for lang in langs]
+        n = [count_lines(p) for p in paths]
+        if n[0] != n[1]:
+            raise DataError(f"{paths[0]} has {n[0]} lines but {paths[1]} has {n[1]}: "
+                            "source and target must be parallel, one sentence per line")
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                if not any(line.strip() for line in f):
+                    raise DataError(f"{path} is empty: the {split} corpus has no text")
+        counts[split] = n[0]
+    return counts
+
+
+def atomic_output(path: str) -> str:
+    """A temporary name beside ``path`` for a step to write; ``commit`` renames it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return f"{path}.tmp{os.getpid()}"
+
+
+def commit(tmp: str, path: str):
+    if os.path.isdir(path):  # a directory output being rebuilt
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+# ---- download (the only step that needs the network) ----
+
+def fetch(url: str, path: str):
+    if os.path.exists(path):
+        print(f"skip: {path} exists", flush=True)
+        return
+    tmp = atomic_output(path)
+    print(f"download {url}", flush=True)
+    with urllib.request.urlopen(url) as response, open(tmp, "wb") as out:
+        shutil.copyfileobj(response, out)
+    commit(tmp, path)
+
+
+def detokenize_corpus(source: str, path: str, lang: str):
+    """The organisers' tokenised, truecased text back to plain text."""
+    try:
+        from sacremoses import MosesDetokenizer, MosesDetruecaser
+    except ImportError as error:
+        raise SystemExit("wmt17: detokenising the WMT'17 corpus needs sacremoses "
+                         "(pip install sacremoses)") from error
+    detok, detrue = MosesDetokenizer(lang=lang), MosesDetruecaser()
+    tmp = atomic_output(path)
+    with gzip.open(source, "rt", encoding="utf-8") as lines, open(tmp, "w", encoding="utf-8") as out:
+        for line in lines:
+            tokens = detrue.detruecase(line.strip())
+            out.write(detok.detokenize(tokens) + "\n")
+    commit(tmp, path)
+
+
+def echo_test_set(test_set: str, pair: str, side: str, path: str):
+    """A newstest set's source or reference through sacrebleu (which caches it)."""
+    tmp = atomic_output(path)
+    with open(tmp, "w", encoding="utf-8") as out:
+        subprocess.run([sys.executable, "-m", "sacrebleu", "-t", test_set, "-l", pair, "--echo", side],
+                       stdout=out, check=True)
+    commit(tmp, path)
+
+
+def download(pair: str, out: str) -> str:
+    """The WMT'17 preprocessed training corpus and the newstest sets, as plain
+    text in OUT/raw; files already in OUT/download are used as they are."""
+    langs = check_pair(pair)
+    raw = os.path.join(out, "raw")
+    for lang in langs:
+        path = os.path.join(raw, f"train.{lang}")
+        if os.path.exists(path):
+            print(f"skip: {path} exists", flush=True)
+            continue
+        gz = os.path.join(out, "download", f"corpus.tc.{lang}.gz")
+        fetch(PREPROCESSED.format(xx=langs[1], lang=lang), gz)
+        detokenize_corpus(gz, path, lang)
+    for split, test_set in test_sets(pair).items():
+        for lang, side in zip(langs, ("src", "ref")):
+            path = os.path.join(raw, f"{split}.{lang}")
+            if not os.path.exists(path):
+                echo_test_set(test_set, pair, side, path)
+    return raw
+
+
+# ---- after download: BPE and binarization ----
+
+def copy_file(source: str, path: str):
+    tmp = atomic_output(path)
+    shutil.copyfile(source, tmp)
+    commit(tmp, path)
+
+
+def learn_bpe(raw: str, langs, model: str, vocab_size: int):
+    """A joint BPE model of both sides' training text (sentencepiece, --model_type bpe)."""
+    import sentencepiece as spm
+
+    tmp = atomic_output(model)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(os.path.join(raw, f"train.{lang}") for lang in langs),
+            model_prefix=tmp, model_type="bpe", vocab_size=vocab_size, character_coverage=1.0,
+            input_sentence_size=10_000_000, shuffle_input_sentence=True, num_threads=1,
+            minloglevel=2)
+    except RuntimeError as error:
+        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(error))
+        if not most:
+            raise
+        raise DataError(f"invalid --vocab-size: {vocab_size} (the training text allows at most "
+                        f"{most.group(1)} BPE pieces; use a smaller --vocab-size)") from None
+    os.replace(tmp + ".vocab", model[: -len(".model")] + ".vocab")
+    commit(tmp + ".model", model)
+
+
+def encode(model: str, source: str, path: str):
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=model)
+    tmp = atomic_output(path)
+    with open(source, encoding="utf-8") as lines, open(tmp, "w", encoding="utf-8") as out:
+        for line in lines:
+            out.write(" ".join(processor.encode(line.strip(), out_type=str)) + "\n")
+    commit(tmp, path)
+
+
+def binarize(bpe_dir: str, langs, dest: str, workers: int):
+    tmp = atomic_output(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    prefix = {split: os.path.join(bpe_dir, split) for split in SPLITS}
+    subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
+         "--source-lang", langs[0], "--target-lang", langs[1], "--trainpref", prefix["train"],
+         "--validpref", prefix["valid"], "--testpref", prefix["test"], "--joined-dictionary",
+         "--destdir", tmp, "--workers", str(workers)], check=True)
+    commit(tmp, dest)
+
+
+def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SIZE,
+            workers: int = 1) -> Dict[str, int]:
+    """Everything up to OUT/data-bin; returns the sentence counts per split."""
+    langs = check_pair(pair)
+    raw = raw_dir or download(pair, out)
+    counts = check_raw(raw, pair)
+    print(f"{pair}: {counts['train']} training, {counts['valid']} validation, "
+          f"{counts['test']} test sentence pairs in {raw}", flush=True)
+    model = os.path.join(out, "spm.model")
+    bpe = os.path.join(out, "bpe")
+    steps = [(os.path.join(out, "ref", f"{s}.{langs[1]}"),
+              lambda path, s=s: copy_file(os.path.join(raw, f"{s}.{langs[1]}"), path))
+             for s in ("valid", "test")]
+    steps.append((model, lambda path: learn_bpe(raw, langs, path, vocab_size)))
+    steps += [(os.path.join(bpe, f"{s}.{lang}"),
+               lambda path, s=s, lang=lang: encode(model, os.path.join(raw, f"{s}.{lang}"), path))
+              for s in SPLITS for lang in langs]
+    steps.append((os.path.join(out, "data-bin"), lambda path: binarize(bpe, langs, path, workers)))
+    rebuilt = False
+    for path, build in steps:
+        if os.path.exists(path) and not rebuilt:
+            print(f"skip: {path} exists", flush=True)
+            continue
+        print(f"build: {path}", flush=True)
+        build(path)
+        rebuilt = True
+    return counts
+
+
+def main(argv: List[str] = None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["train"], ["evaluate"]):
+        from . import wmt17_run
+
+        return wmt17_run.main(argv)
+    parser = argparse.ArgumentParser(prog="wmt17", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="download (or take --raw-dir), BPE, fairseq-preprocess")
+    prep.add_argument("pair", help=f"one of {', '.join(PAIRS)}")
+    prep.add_argument("--out", help="output directory (default data/wmt17/PAIR)")
+    prep.add_argument("--raw-dir", help="plain-text {train,valid,test}.{en,xx} to use instead "
+                      "of downloading (for offline machines)")
+    prep.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
+                      help=f"joint BPE vocabulary size (default {VOCAB_SIZE}, the paper's)")
+    prep.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
+    sub.add_parser("train", help="fairseq-train one of the paper's configurations (see wmt17_run)")
+    sub.add_parser("evaluate", help="beam-10 decoding and sacreBLEU (see wmt17_run)")
+    args = parser.parse_args(argv)
+    for name in ("vocab_size", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be an integer >= 1)")
+    try:
+        check_pair(args.pair)
+        if args.raw_dir and not os.path.isdir(args.raw_dir):
+            raise DataError(f"--raw-dir {args.raw_dir} is not a directory")
+        prepare(args.pair, args.out or os.path.join("data", "wmt17", args.pair), args.raw_dir,
+                args.vocab_size, args.workers)
+    except DataError as error:
+        parser.error(str(error))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Train and evaluate the paper's WMT'17 configurations (Sec. 4.2, Tables 2 and 3).
+
+    python -m fairseq_memattn.wmt17 train PAIR CONFIG [--data DIR] [fairseq-train options]
+    python -m fairseq_memattn.wmt17 evaluate PAIR CHECKPOINT [--data DIR] [--subset test]
+
+``train`` builds one fairseq-train command line from the paper's settings and
+runs it; options it does not know go to fairseq-train last, so they override
+the recipe's (e.g. ``--max-update 1000``). The best checkpoint is the one with
+the highest validation BLEU (fairseq's ``--eval-bleu``, beam 10, BPE removed).
+``evaluate`` decodes with beam 10, removes the BPE and scores the plain-text
+output with sacreBLEU against the official reference, printing the signature
+and fairseq-generate's decoding time (which, like Table 3's, excludes model
+setup and data loading).
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from typing import List
+
+import sacrebleu
+
+from .wmt17 import DataError, check_pair
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+SCORES = ("softmax", "sigmoid")
+CONFIG = re.compile(r"(?:att|k(?P<k>32|64)(?P<pe>_pe)?(?:_(?P<enc>\w+?)-(?P<dec>\w+))?)")
+CONFIGS_HELP = ("att (standard attention), k32, k64, k32_pe, k64_pe (memory attention, K contexts, "
+                "+ position encodings), each k... optionally with _ENC-DEC scoring functions, "
+                f"ENC and DEC in {{{', '.join(SCORES)}}} (e.g. k64_pe_sigmoid-softmax)")
+# Longest BPE sequence kept in training and covered by the position encodings (S
+# of Eq. 10); newstest sentences average 35 tokens.
+MAX_POSITIONS = 128
+
+
+def config_args(config: str) -> List[str]:
+    """fairseq-train options for one of the paper's configurations."""
+    found = CONFIG.fullmatch(config)
+    if not found or (found["enc"] and not {found["enc"], found["dec"]} <= set(SCORES)):
+        raise DataError(f"unknown configuration {config!r} (choose from {CONFIGS_HELP})")
+    if config == "att":
+        return ["--attention-type", "additive", "--no-memory-position-encoding"]
+    args = ["--attention-type", "memory", "--memory-k", found["k"],
+            "--memory-position-encoding" if found["pe"] else "--no-memory-position-encoding",
+            "--memory-position-max-len", str(MAX_POSITIONS)]
+    if found["enc"]:
+        args += ["--memory-encoder-score", found["enc"], "--memory-decoder-score", found["dec"]]
+    return args
+
+
+def data_bin(data: str, pair: str) -> str:
+    path = os.path.join(data, "data-bin")
+    src, tgt = check_pair(pair)
+    if not os.path.isfile(os.path.join(path, f"dict.{tgt}.txt")):
+        raise DataError(f"no binarized {pair} data in {path}: run recipes/wmt17/prepare.sh {pair} "
+                        f"--out {data} first")
+    return path
+
+
+def fairseq_tool(name: str) -> str:
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def device_args(gpus: int) -> List[str]:
+    """--fp16 and fairseq's own one-process-per-GPU spawning on GPUs, --cpu otherwise."""
+    if gpus == 0:
+        return ["--cpu"]
+    return ["--fp16", "--distributed-world-size", str(gpus)]
+
+
+def train_command(pair: str, config: str, data: str, save_dir: str, gpus: int,
+                  extra: List[str]) -> List[str]:
+    src, tgt = check_pair(pair)
+    model = config_args(config)
+    return [
+        fairseq_tool("fairseq-train"), data_bin(data, pair), "--user-dir", PLUGIN_DIR,
+        "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+        "--arch", "lstm_memattn_wmt", *model,
+        "--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS),
+        # Sec. 4.1/4.2: Adam 1e-4, batch 128 (per worker), dropout 0.2 (the architecture's), up to 1M steps
+        "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "1000000",
+        "--criterion", "cross_entropy", "--required-batch-size-multiple", "1",
+        "--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 10}),
+        "--eval-bleu-remove-bpe", "sentencepiece", "--eval-bleu-detok", "space",
+        "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+        "--validate-interval-updates", "5000", "--save-interval-updates", "5000",
+        "--keep-interval-updates", "5", "--no-epoch-checkpoints",
+        "--skip-invalid-size-inputs-valid-test", "--save-dir", save_dir,
+        *device_args(gpus), *extra,
+    ]
+
+
+def read_hypotheses(generate_output: str, n: int):
+    """Detokenised hypotheses (D- lines) in sentence order; missing ones (skipped
+    as too long) become empty lines, and their count is returned too."""
+    found = {}
+    for line in generate_output.splitlines():
+        fields = line.split("\t")
+        if fields[0].startswith("D-") and fields[0][2:].isdigit():
+            found.setdefault(int(fields[0][2:]), fields[2] if len(fields) > 2 else "")
+    return [found.get(i, "") for i in range(n)], n - len(found)
+
+
+def decoding_seconds(log: str) -> float:
+    found = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", log)
+    return float(found.group(1)) if found else float("nan")
+
+
+def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus: int,
+             runs: int, extra: List[str]) -> dict:
+    src, tgt = check_pair(pair)
+    if not os.path.isfile(checkpoint):
+        raise DataError(f"checkpoint {checkpoint} does not exist")
+    binarized = data_bin(data, pair)
+    with open(os.path.join(data, "ref", f"{subset}.{tgt}"), encoding="utf-8") as f:
+        refs = [line.rstrip("\n") for line in f]
+    command = [fairseq_tool("fairseq-generate"), binarized, "--user-dir", PLUGIN_DIR,
+               "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+               "--path", checkpoint, "--gen-subset", subset, "--beam", "10",
+               "--post-process", "sentencepiece", "--batch-size", "64",
+               "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
+               *(["--cpu"] if gpus == 0 else ["--fp16"]), *extra]
+    print(shlex.join(command), flush=True)
+    seconds = []
+    for _ in range(runs):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.stderr.write(result.stderr)
+            raise SystemExit(f"wmt17 evaluate: fairseq-generate failed (exit {result.returncode})")
+        seconds.append(decoding_seconds(result.stdout + result.stderr))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"generate.{subset}.txt"), "w", encoding="utf-8") as f:
+        f.write(result.stdout)
+    hyps, missing = read_hypotheses(result.stdout, len(refs))
+    with open(os.path.join(out, f"hyp.{subset}.{tgt}"), "w", encoding="utf-8") as f:
+        f.writelines(h + "\n" for h in hyps)
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(hyps, [refs])
+    return {"bleu": round(score.score, 2), "score": str(score), "signature": str(bleu.get_signature()),
+            "sentences": len(refs), "missing": missing,
+            "decoding_seconds": round(sum(seconds) / len(seconds), 2), "runs": runs}
+
+
+def default_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def main(argv: List[str]):
+    parser = argparse.ArgumentParser(prog="wmt17", allow_abbrev=False,
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", allow_abbrev=False,
+                           help="fairseq-train one configuration; unknown options go to fairseq-train")
+    train.add_argument("pair")
+    train.add_argument("config", help=CONFIGS_HELP)
+    train.add_argument("--save-dir", help="default checkpoints/wmt17/PAIR/CONFIG")
+    train.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    ev = sub.add_parser("evaluate", allow_abbrev=False,
+                        help="beam 10, sacreBLEU; unknown options go to fairseq-generate")
+    ev.add_argument("pair")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--subset", choices=("test", "valid"), default="test")
+    ev.add_argument("--out", help="where to write the hypotheses (default: the checkpoint's folder)")
+    ev.add_argument("--runs", type=int, default=1, help="decode N times, report the mean time (Table 3: 10)")
+    for p in (train, ev):
+        p.add_argument("--data", help="prepare's output directory (default data/wmt17/PAIR)")
+        p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all; 0 = CPU)")
+    args, extra = parser.parse_known_args(argv)
+    data = args.data or os.path.join("data", "wmt17", args.pair)
+    gpus = default_gpus() if args.gpus is None else args.gpus
+    try:
+        if args.command == "train":
+            command = train_command(args.pair, args.config, data,
+                                    args.save_dir or os.path.join("checkpoints", "wmt17", args.pair, args.config),
+                                    gpus, extra)
+            print(shlex.join(command), flush=True)
+            if not args.dry_run:
+                raise SystemExit(subprocess.run(command).returncode)
+            return
+        if args.runs < 1:
+            raise DataError(f"invalid --runs: {args.runs} (must be an integer >= 1)")
+        result = evaluate(args.pair, args.checkpoint, data, args.subset,
+                          args.out or os.path.dirname(os.path.abspath(args.checkpoint)), gpus,
+                          args.runs, extra)
+    except DataError as error:
+        parser.error(str(error))
+    print(result["score"])
+    print(f"sacreBLEU signature: {result['signature']}")
+    if result["missing"]:
+        print(f"warning: {result['missing']} of {result['sentences']} sentences were longer than the "
+              "model's limit and scored as empty hypotheses")
+    print(f"decoding time: {result['decoding_seconds']} s for {result['sentences']} sentences "
+          f"(fairseq-generate's timer, without model setup and data loading; mean of {result['runs']} runs)")
+    print(json.dumps({k: result[k] for k in ("bleu", "sentences", "missing", "decoding_seconds")}))

@@ -1,0 +1,104 @@
+"""Our models train under fairseq's distributed engine on CPU: two processes
+(gloo, legacy_ddp), started by hand as fairseq's flags allow and by torchrun
+through fairseq_memattn.torchrun_cpu. After a few updates of lstm_memattn both
+ranks hold identical parameters, and the loss went down."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import BIN, PLUGIN_DIR, REPO, clean_env
+
+from fairseq_memattn.torchrun_cpu import fairseq_distributed_args
+
+RANK_SCRIPT = os.path.join(REPO, "tests", "distributed_rank.py")
+UPDATES = 20
+TRAIN = ["--user-dir", PLUGIN_DIR, "--task", "copy_task", "--copy-max-len", "8",
+         "--copy-vocab-size", "10", "--copy-train-size", "2560", "--copy-valid-size", "32",
+         "--copy-test-size", "32", "--arch", "lstm_memattn", "--memory-k", "4",
+         "--encoder-hidden-size", "32", "--decoder-hidden-size", "32", "--encoder-embed-dim", "16",
+         "--decoder-embed-dim", "16", "--dropout", "0.2", "--optimizer", "adam", "--lr", "1e-2",
+         "--batch-size", "32", "--max-update", str(UPDATES), "--log-interval", "1", "--no-progress-bar",
+         "--seed", "1", "--num-workers", "0", "--disable-validation"]
+# What the issue measured to work with fairseq 0.12.3 on CPU.
+CPU_FLAGS = ["--cpu", "--distributed-world-size", "2", "--distributed-no-spawn",
+             "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(log):
+    """Training loss at each update, as rank 0 logs it (train_inner lines)."""
+    return [float(x) for x in re.findall(r"\| train_inner \|.*?loss=([\d.]+)", log)]
+
+
+def check_ranks(dumps, log):
+    rank0, rank1 = (torch.load(path) for path in dumps)
+    assert (rank0["rank"], rank1["rank"]) == (0, 1)
+    assert rank0["num_updates"] == rank1["num_updates"] == UPDATES
+    assert rank0["params"].keys() == rank1["params"].keys()
+    for name, value in rank0["params"].items():
+        assert torch.equal(value, rank1["params"][name]), f"ranks differ in {name}"
+    curve = losses(log)
+    assert len(curve) == UPDATES, log[-3000:]
+    # the global batch is both ranks' batches: 2 x 32 sentences
+    assert re.search(r"train_inner \|.* bsz=64,", log)
+    print(f"loss {curve[0]} -> {curve[-1]} over {UPDATES} updates on 2 ranks")
+    assert curve[-1] < curve[0] - 0.3
+    return curve
+
+
+def test_two_processes_gloo_train_identically(tmp_path):
+    port = free_port()
+    dump = str(tmp_path / "rank{rank}.pt")
+    procs = [subprocess.Popen(
+        [sys.executable, RANK_SCRIPT, dump, *TRAIN, *CPU_FLAGS, "--save-dir", str(tmp_path / "ckpt"),
+         "--distributed-rank", str(rank), "--distributed-init-method", f"tcp://127.0.0.1:{port}"],
+        env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)]
+    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log[-3000:]
+    check_ranks([tmp_path / "rank0.pt", tmp_path / "rank1.pt"], logs[0])
+    assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()  # rank 0 saved as usual
+
+
+def test_torchrun_on_cpu_through_our_launcher(tmp_path):
+    """torchrun -m fairseq_memattn.torchrun_cpu, the documented command; the
+    rank script applies the same launcher to dump each rank's parameters."""
+    torchrun = os.path.join(BIN, "torchrun")
+    common = [torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    result = subprocess.run(
+        [*common, "--master_port", str(free_port()), "-m", "fairseq_memattn.torchrun_cpu",
+         *TRAIN, "--save-dir", str(tmp_path / "ckpt")],
+        env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(losses(result.stdout + result.stderr)) == UPDATES
+    assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+
+    dump = str(tmp_path / "rank{rank}.pt")
+    result = subprocess.run(
+        [*common, "--master_port", str(free_port()), RANK_SCRIPT, dump, "--torchrun", *TRAIN,
+         "--save-dir", str(tmp_path / "ckpt2")],
+        env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_ranks([tmp_path / "rank0.pt", tmp_path / "rank1.pt"], result.stdout + result.stderr)
+
+
+def test_launcher_options():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert fairseq_distributed_args(env, cuda=False) == [
+        "--distributed-world-size", "2", "--distributed-rank", "1", "--distributed-init-method",
+        "env://", "--distributed-no-spawn", "--device-id", "1",
+        "--cpu", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    assert "--cpu" not in fairseq_distributed_args(env, cuda=True)
+    with pytest.raises(SystemExit, match="MASTER_PORT not set: run it under torchrun"):
+        fairseq_distributed_args({k: v for k, v in env.items() if k != "MASTER_PORT"}, cuda=False)

@@ -1,0 +1,276 @@
+"""The WMT'17 recipe after its download step, offline, on a small parallel
+corpus made here: recipes/wmt17/prepare.sh --raw-dir (joint sentencepiece BPE,
+fairseq-preprocess), train.sh (a few epochs of a tiny memattn model with
+validation BLEU picking the best checkpoint), evaluate.sh (beam 10, sacreBLEU)
+and fairseq-interactive on raw text; then idempotence and bad input."""
+
+import gzip
+import json
+import os
+import random
+import re
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from conftest import BIN, PLUGIN_DIR, REPO, clean_env
+
+from fairseq_memattn import wmt17, wmt17_run
+
+# A toy English -> German word-for-word language, so that a tiny model learns it in seconds.
+LEXICON = dict(pair.split(":") for pair in (
+    "the:die house:Haus tree:Baum river:Fluss stone:Stein light:Licht cloud:Wolke night:Nacht "
+    "water:Wasser green:grün small:klein old:alt red:rot blue:blau cold:kalt warm:warm dog:Hund "
+    "cat:Katze bird:Vogel fish:Fisch horse:Pferd apple:Apfel bread:Brot milk:Milch book:Buch "
+    "door:Tür road:Straße city:Stadt field:Feld garden:Garten sees:sieht has:hat").split())
+SIZES = {"train": 2000, "valid": 40, "test": 60}
+TINY_MODEL = ["--encoder-hidden-size", "64", "--decoder-hidden-size", "64", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--memory-k", "8", "--dropout", "0", "--lr", "5e-3",
+              "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "10",
+              "--validate-interval-updates", "0", "--save-interval-updates", "0",
+              "--eval-bleu-args", '{"beam": 5}', "--no-progress-bar", "--log-interval", "50",
+              "--seed", "1", "--num-workers", "0"]
+MIN_BLEU = 15.0  # measured: see the README's WMT'17 section
+
+
+def sentence(rng):
+    words = [rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 8))]
+    target = " ".join(LEXICON[w] for w in words)
+    return " ".join(words).capitalize() + ".", target[0].upper() + target[1:] + "."
+
+
+def write_corpus(raw, sizes=SIZES, seed=1):
+    rng = random.Random(seed)
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        pairs = [sentence(rng) for _ in range(n)]
+        for side, lang in enumerate(("en", "de")):
+            (raw / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    return raw
+
+
+def recipe(script, *args, check=True):
+    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "wmt17", script), *args],
+                            env=clean_env(OMP_NUM_THREADS="1", PYTHON=os.path.join(BIN, "python")),
+                            capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def snapshot(out):
+    """(path, mtime, size) of every file prepare wrote."""
+    return sorted((str(p.relative_to(out)), p.stat().st_mtime_ns, p.stat().st_size)
+                  for p in out.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wmt17")
+    raw = write_corpus(root / "raw")
+    out = root / "en-de"
+    prepared = recipe("prepare.sh", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "200")
+    first = snapshot(out)
+    again = recipe("prepare.sh", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "200")
+    trained = recipe("train.sh", "en-de", "k32_pe_sigmoid-softmax", "--data", str(out), "--gpus", "0",
+                     "--save-dir", str(root / "ckpt"), *TINY_MODEL)
+    checkpoint = root / "ckpt" / "checkpoint_best.pt"
+    evaluated = recipe("evaluate.sh", "en-de", str(checkpoint), "--data", str(out), "--gpus", "0")
+    return dict(root=root, raw=raw, out=out, prepared=prepared, first=first, again=again,
+                trained=trained, checkpoint=checkpoint, evaluated=evaluated)
+
+
+def test_prepare_builds_bpe_and_binarized_data(pipeline):
+    out = pipeline["out"]
+    for split, n in SIZES.items():
+        assert len((out / "bpe" / f"{split}.en").read_text(encoding="utf-8").splitlines()) == n
+        assert f"{split}.en-de.de.bin" in os.listdir(out / "data-bin")
+    assert (out / "dict.en.txt").exists() is False  # fairseq's files stay in data-bin
+    # one joint dictionary for both sides, made of the sentencepiece pieces
+    assert (out / "data-bin" / "dict.en.txt").read_text() == (out / "data-bin" / "dict.de.txt").read_text()
+    assert "▁" in (out / "bpe" / "train.de").read_text(encoding="utf-8")
+    assert (out / "ref" / "test.de").read_text() == (pipeline["raw"] / "test.de").read_text()
+    assert "en-de: 2000 training, 40 validation, 60 test sentence pairs" in pipeline["prepared"].stdout
+    assert not [p for p in out.rglob("*.tmp*")]
+
+
+def test_prepare_again_skips_every_step(pipeline):
+    assert "build:" not in pipeline["again"].stdout
+    assert pipeline["again"].stdout.count("skip:") == 2 + 1 + 6 + 1  # refs, spm, bpe files, data-bin
+    assert snapshot(pipeline["out"]) == pipeline["first"]
+
+
+def test_train_picks_best_checkpoint_by_validation_bleu(pipeline):
+    log = pipeline["trained"].stdout + pipeline["trained"].stderr
+    command = log.splitlines()[0]
+    for option in ("--arch lstm_memattn_wmt", "--memory-k 32", "--memory-position-encoding",
+                   "--memory-encoder-score sigmoid", "--memory-decoder-score softmax",
+                   "--eval-bleu", "--eval-bleu-remove-bpe sentencepiece",
+                   "--best-checkpoint-metric bleu", "--maximize-best-checkpoint-metric", "--cpu"):
+        assert option in command
+    bleus = [float(b) for b in re.findall(r"valid on 'valid' subset \|.*? bleu ([\d.]+)", log)]
+    assert len(bleus) == 10
+    best = torch.load(pipeline["checkpoint"], weights_only=True)
+    assert best["extra_state"]["best"] == max(bleus)
+    assert best["cfg"]["model"].memory_k == 8  # extra options override the recipe's
+
+
+def test_evaluate_scores_detokenised_text_with_sacrebleu(pipeline):
+    stdout = pipeline["evaluated"].stdout
+    result = json.loads(stdout.strip().splitlines()[-1])
+    print("offline WMT'17 pipeline (toy en-de):", result)
+    assert result["sentences"] == SIZES["test"] and result["missing"] == 0
+    assert result["bleu"] >= MIN_BLEU, stdout
+    assert "--beam 10" in stdout and "--post-process sentencepiece" in stdout
+    assert re.search(r"sacreBLEU signature: nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:", stdout)
+    assert re.search(r"decoding time: [\d.]+ s for 60 sentences", stdout)
+    hyps = (pipeline["checkpoint"].parent / "hyp.test.de").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == SIZES["test"] and not any("▁" in h for h in hyps)
+    assert sum(h.endswith(".") and h[:1].isupper() for h in hyps) > SIZES["test"] // 2  # plain text
+
+
+def test_interactive_translates_raw_text(pipeline):
+    result = subprocess.run(
+        [os.path.join(BIN, "fairseq-interactive"), str(pipeline["out"] / "data-bin"), "--user-dir", PLUGIN_DIR,
+         "--path", str(pipeline["checkpoint"]), "--source-lang", "en", "--target-lang", "de",
+         "--bpe", "sentencepiece", "--sentencepiece-model", str(pipeline["out"] / "spm.model"),
+         "--beam", "10", "--cpu"],
+        input="The dog sees the house.\nRed bird.\n", env=clean_env(OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sources = re.findall(r"^S-\d+\t(.*)$", result.stdout, re.M)
+    translations = re.findall(r"^D-\d+\t\S+\t(.*)$", result.stdout, re.M)
+    print("fairseq-interactive:", translations)
+    # fairseq applied the sentencepiece model to the raw line
+    assert "▁" in sources[0] and sources[0].replace(" ", "").replace("▁", " ").strip() == "The dog sees the house."
+    assert len(translations) == 2 and all(t and "▁" not in t for t in translations)
+    assert "Hund" in translations[0]
+
+
+def test_interrupted_step_is_rebuilt_with_everything_after_it(tmp_path, capsys):
+    raw = write_corpus(tmp_path / "raw", {"train": 300, "valid": 10, "test": 10})
+    out = tmp_path / "out"
+    wmt17.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
+    target = out / "bpe" / "valid.de"
+    complete = target.read_text(encoding="utf-8")
+    # a run killed while encoding: the final name is missing, a partial temporary file remains
+    target.unlink()
+    (out / "bpe" / "valid.de.tmp999").write_text("half a li", encoding="utf-8")
+    old_bin = (out / "data-bin" / "valid.en-de.de.bin").stat().st_mtime_ns
+    capsys.readouterr()
+    wmt17.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
+    log = capsys.readouterr().out
+    assert target.read_text(encoding="utf-8") == complete
+    assert f"build: {target}" in log and f"build: {out / 'data-bin'}" in log  # later steps redone
+    assert f"skip: {out / 'spm.model'}" in log
+    assert (out / "data-bin" / "valid.en-de.de.bin").stat().st_mtime_ns != old_bin
+
+
+def prepare_error(capsys, *args):
+    with pytest.raises(SystemExit) as stop:
+        wmt17.main(["prepare", *args])
+    assert stop.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
+    raw = write_corpus(tmp_path / "raw", {"train": 20, "valid": 5, "test": 5})
+    out = tmp_path / "out"
+    assert prepare_error(capsys, "en-xx", "--raw-dir", str(raw), "--out", str(out)) == (
+        "wmt17: error: unknown language pair 'en-xx' (choose from en-cs, en-de, en-fi, en-tr)")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--workers", "0") == (
+        "wmt17: error: invalid --workers: 0 (must be an integer >= 1)")
+    assert re.fullmatch(
+        r"wmt17: error: invalid --vocab-size: 5000 \(the training text allows at most \d+ BPE pieces; "
+        r"use a smaller --vocab-size\)",
+        prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "big"),
+                      "--vocab-size", "5000"))
+    assert not (tmp_path / "big" / "spm.model").exists()
+    assert prepare_error(capsys, "en-fi", "--raw-dir", str(raw), "--out", str(out)) == (
+        f"wmt17: error: missing in {raw}: train.fi, valid.fi, test.fi (need train, valid and test "
+        "files for both sides: {train,valid,test}.{en,fi})")
+    with open(raw / "valid.de", "a", encoding="utf-8") as f:
+        f.write("Ein Satz zu viel.\n")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out)) == (
+        f"wmt17: error: {raw / 'valid.en'} has 5 lines but {raw / 'valid.de'} has 6: "
+        "source and target must be parallel, one sentence per line")
+    write_corpus(raw, {"valid": 5})
+    (raw / "train.en").write_text("")
+    (raw / "train.de").write_text("")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out)) == (
+        f"wmt17: error: {raw / 'train.en'} is empty: the train corpus has no text")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(tmp_path / "nowhere")).endswith(
+        "is not a directory")
+    assert not out.exists()
+
+
+def test_bad_training_and_evaluation_requests(tmp_path, capsys):
+    def error(*args):
+        with pytest.raises(SystemExit) as stop:
+            wmt17.main(list(args))
+        assert stop.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert error("train", "en-de", "k16", "--data", str(tmp_path)).startswith(
+        "wmt17: error: unknown configuration 'k16' (choose from att (standard attention), k32, k64,")
+    assert "k64_pe_sigmoid-softmax" in error("train", "en-de", "k32_tanh-softmax", "--data", str(tmp_path))
+    assert error("train", "en-de", "k32", "--data", str(tmp_path)) == (
+        f"wmt17: error: no binarized en-de data in {tmp_path / 'data-bin'}: run "
+        f"recipes/wmt17/prepare.sh en-de --out {tmp_path} first")
+    assert error("train", "de-en", "k32").startswith("wmt17: error: unknown language pair 'de-en'")
+    assert error("evaluate", "en-de", str(tmp_path / "none.pt"), "--data", str(tmp_path)) == (
+        f"wmt17: error: checkpoint {tmp_path / 'none.pt'} does not exist")
+
+
+def test_every_paper_configuration_has_a_command():
+    """Table 2's rows: K in {32, 64}, with and without position encodings, four scoring
+    combinations, and the attention baseline."""
+    assert wmt17_run.config_args("att")[:2] == ["--attention-type", "additive"]
+    for k in (32, 64):
+        for pe in ("", "_pe"):
+            for enc in ("softmax", "sigmoid"):
+                for dec in ("softmax", "sigmoid"):
+                    args = wmt17_run.config_args(f"k{k}{pe}_{enc}-{dec}")
+                    assert args[args.index("--memory-k") + 1] == str(k)
+                    assert ("--memory-position-encoding" in args) == bool(pe)
+                    assert args[-4:] == ["--memory-encoder-score", enc, "--memory-decoder-score", dec]
+
+
+def test_download_step_detokenises_the_preprocessed_corpus(tmp_path, monkeypatch):
+    """The only networked step, with its inputs already in OUT/download (as an offline
+    user would place them) and sacrebleu's test-set echo replaced."""
+    pytest.importorskip("sacremoses")
+    out = tmp_path / "en-de"
+    (out / "download").mkdir(parents=True)
+    tokenised = {"en": "the house &apos;s door , and the tree .\n", "de": "das Haus , und der Baum .\n"}
+    for lang, text in tokenised.items():
+        with gzip.open(out / "download" / f"corpus.tc.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write(text)
+    echoed = []
+
+    def echo(test_set, pair, side, path):
+        echoed.append((test_set, pair, side, os.path.basename(path)))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{test_set} {side}\n")
+
+    monkeypatch.setattr(wmt17, "echo_test_set", echo)
+    monkeypatch.setattr(wmt17.urllib.request, "urlopen", lambda url: pytest.fail(f"fetched {url}"))
+    raw = wmt17.download("en-de", str(out))
+    assert (out / "raw" / "train.en").read_text(encoding="utf-8") == "The house's door, and the tree.\n"
+    assert (out / "raw" / "train.de").read_text(encoding="utf-8") == "Das Haus, und der Baum.\n"
+    assert echoed == [("wmt15", "en-de", "src", "valid.en"), ("wmt15", "en-de", "ref", "valid.de"),
+                      ("wmt16", "en-de", "src", "test.en"), ("wmt16", "en-de", "ref", "test.de")]
+    assert wmt17.check_raw(raw, "en-de") == {"train": 1, "valid": 1, "test": 1}
+    assert wmt17.test_sets("en-tr") == {"valid": "wmt16/dev", "test": "wmt16"}
+
+
+def test_checkpoints_may_hold_numeric_arrays_but_not_object_arrays(tmp_path):
+    """--eval-bleu saves its n-gram counts as numpy arrays; arrays of objects stay refused."""
+    path = tmp_path / "meters.pt"
+    torch.save({"counts": np.array([5, 3, 2, 1]), "ratio": np.array([0.5], dtype=np.float32)}, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["counts"].tolist() == [5, 3, 2, 1] and loaded["ratio"].dtype == np.float32
+    torch.save({"objects": np.array([{"a": 1}, None], dtype=object)}, path)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(path, weights_only=True)
