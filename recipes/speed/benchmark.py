@@ -8,8 +8,8 @@ it, on untrained models (2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings,
 excluding model construction and data loading. Every output is forced to the source length
 (min_len = max_len = L), so every model decodes exactly L + 1 steps per batch and untrained models
 compare fairly. Each (model, L) cell decodes --sources sources --repeats times and reports the
-median; the models take turns, and a cell stops repeating once it has used --max-cell-seconds
-(slow peers at long L).
+median; the models take turns; a cell repeats until it has used --min-cell-seconds (short L) and
+stops once it has used --max-cell-seconds (slow peers at long L).
 
 Also reported: the bytes each beam hypothesis keeps cached for attention (what `encoder_out`
 holds after beam expansion, which SequenceGenerator reorders at every step) and training
@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=20, help="sources per batch")
     p.add_argument("--beam", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
+    p.add_argument("--min-cell-seconds", type=float, default=0.0,
+                   help="repeat a cell beyond --repeats until it has used this long (short L)")
     p.add_argument("--max-cell-seconds", type=float, default=300.0,
                    help="stop repeating a cell once it has used this long (at least one measurement)")
     p.add_argument("--train-lengths", nargs="*", type=int, default=[200], metavar="L",
@@ -194,9 +196,13 @@ def benchmark_decoding(args, path):
             model, task = build_model(name, length)
             cells[name] = (model.eval(), decoder_for(model, task, length, args.beam),
                            copy_batches(task, length, args.sources, args.batch_size), [])
-        for _ in range(args.repeats):
+        def wants_more(times):
+            return sum(times) < args.max_cell_seconds and (
+                len(times) < args.repeats or sum(times) < args.min_cell_seconds)
+
+        while any(wants_more(times) for *_, times in cells.values()):
             for name, (model, generator, batches, times) in cells.items():
-                if sum(times) < args.max_cell_seconds:
+                if wants_more(times):
                     times.append(time_decoding(generator, model, batches, length))
         for name, (model, generator, batches, times) in cells.items():
             seconds = statistics.median(times)

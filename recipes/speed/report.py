@@ -62,7 +62,7 @@ def targets(decode, train_rows):
     rows.append(("K=32 / fairseq lstm + att at L=200 <= 0.4", fmt(r), r is not None and r <= 0.4))
     r = ratio(get(seconds, "k32", 200), get(seconds, "lstm", 200))
     rows.append(("K=32 / fairseq lstm (no att) at L=200 <= 1", fmt(r), r is not None and r <= 1))
-    for model in ("k32", "att"):
+    for model in ("k32", "att", "dot"):
         r = ratio(get(per_step, model, 800), get(per_step, model, 10))
         goal = "<= 1.10" if model == "k32" else "(grows)"
         rows.append((f"{model} time per step, L=800 / L=10 {goal}", fmt(r),
@@ -133,6 +133,7 @@ def plot(per_step, models, labels, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors[::2] + plt.cm.tab20.colors[1::2])  # 20 distinct
     for m in models:
         L = sorted(per_step[m])
         style = "--" if m.startswith("lstm") else "-"
@@ -140,7 +141,7 @@ def plot(per_step, models, labels, path):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("source length L (= output length)")
-    ax.set_ylabel("ms per decoder step (beam 10, 20 sources)")
+    ax.set_ylabel("ms per decoder step (all hypotheses of a batch)")
     ax.set_title("Beam-search decoding time per step")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
