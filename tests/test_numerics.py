@@ -2,6 +2,8 @@
 precision (bfloat16 autocast, float16 masking), and property-based checks of
 the interface for arbitrary sizes (hypothesis)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -145,7 +147,7 @@ def assert_attention_close(result, expected, tolerance):
     (context, weights, grads), (expected_context, expected_weights, expected_grads) = result, expected
     assert_close_to(context, expected_context, tolerance, "context")
     assert_close_to(weights, expected_weights, tolerance, "weights")
-    scale = max(grad.abs().max().item() for grad in expected_grads)
+    scale = max((grad.abs().max().item() for grad in expected_grads), default=0.0)
     for index, (grad, expected_grad) in enumerate(zip(grads, expected_grads)):
         assert_close_to(grad, expected_grad, tolerance, f"gradient {index}", scale)
 
@@ -393,3 +395,59 @@ def test_permuting_the_batch_permutes_the_results(problem, random):
         return
     torch.testing.assert_close(permuted_context, context[order], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(permuted_weights, weights[order], rtol=1e-5, atol=1e-6)
+
+
+# --- additive attention's memory bound -------------------------------------------
+
+def additive_problem(budget, B=3, T=11, S=7, A=5, seed=0):
+    attention, H = build_variant("additive", 8, 6, seed=seed)
+    attention.score_budget_bytes = budget
+    gen = torch.Generator().manual_seed(seed)
+    states = torch.randn(B, S, 8, generator=gen)
+    query = torch.randn(B, T, H, generator=gen)
+    return attention.train(), states, left_padding([S, 4, 1][:B], S), query
+
+
+def test_additive_attention_in_chunks_equals_the_whole_target_at_once(monkeypatch):
+    """A budget of 3 query steps (B x 3 x S x A float32 numbers) scores the 11
+    steps in 4 chunks, recomputed in the backward pass; outputs and gradients
+    are those of one B x T x S x A tensor."""
+    B, S, A = 3, 7, 6  # A = the decoder size, additive's default attention size
+    attention, states, mask, query = additive_problem(budget=3 * B * S * A * 4)
+    chunk_sizes = []
+    score_pairs = type(attention).score_pairs
+
+    def counting(self, projected_query, keys):
+        chunk_sizes.append(projected_query.size(1))
+        return score_pairs(self, projected_query, keys)
+
+    monkeypatch.setattr(type(attention), "score_pairs", counting)
+    chunked = attend_and_differentiate(attention, states, mask, query)
+    # the forward pass, then each chunk again in the backward pass (last chunk first)
+    assert chunk_sizes == [3, 3, 3, 2, 2, 3, 3, 3]
+    attention.score_budget_bytes = None
+    whole = attend_and_differentiate(attention, states, mask, query)
+    assert_attention_close(chunked, whole, 1e-6)
+    with torch.no_grad():  # decoding: chunks, nothing recomputed
+        attention.score_budget_bytes, chunk_sizes[:] = 3 * B * S * A * 4, []
+        context, weights = attend(attention, states, mask, query)
+    assert chunk_sizes == [3, 3, 3, 2]
+    assert_attention_close((context, weights, []), (whole[0], whole[1], []), 1e-6)
+
+
+def test_additive_score_by_loops():
+    """Bahdanau's f_att(h_i, s_j) = v^T tanh(W_q h_i + b_q + W_s s_j), written
+    out number by number for a few (sentence, step, position), through the
+    chunked path."""
+    attention, states, mask, query = additive_problem(budget=1)  # one query step per chunk
+    scores = attention.score(query, attention.build_memory(states, mask)["keys"])
+    Wq, bq = attention.query_proj.weight.tolist(), attention.query_proj.bias.tolist()
+    Ws, v = attention.source_proj.weight.tolist(), attention.v.weight[0].tolist()
+    for b, i, j in [(0, 0, 0), (1, 5, 6), (2, 10, 3)]:
+        h, s = query[b, i].tolist(), states[b, j].tolist()
+        f_att = 0.0
+        for a in range(len(v)):
+            pre = bq[a] + sum(Wq[a][d] * h[d] for d in range(len(h))) + sum(
+                Ws[a][e] * s[e] for e in range(len(s)))
+            f_att += v[a] * math.tanh(pre)
+        assert abs(scores[b, i, j].item() - f_att) < 1e-5
