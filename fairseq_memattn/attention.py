@@ -7,12 +7,15 @@ Every variant is an ``nn.Module`` with two methods:
   as ``src_tokens``) into a *memory*: a dict of batch-first tensors. Only the
   memory, never the encoder states themselves unless the variant really needs
   them, travels through beam search (one row per source, shared by its
-  hypotheses: see ``model.share_rows``).
+  hypotheses: see ``model.share_rows``). Sums over source positions are kept
+  in float32 even for a half-precision model (see :func:`sum_of_products`).
 * ``lookup(memory, query)`` runs for decoder states (B x T x H, T = 1 while
   decoding step by step) and returns ``(context, weights)``: the context vector
   c_i (B x T x context_dim, or None for no attention) and, when it can be had,
   the alignment over source positions (B x T x S), which fairseq prints with
-  ``--print-alignment``. Query steps are looked up independently of each
+  ``--print-alignment``; both in float32 for float16/bfloat16 inputs (a
+  float16 context can overflow: see MemoryAttention), otherwise in the
+  inputs' dtype. Query steps are looked up independently of each
   other, so the decoder can pass the beam hypotheses that share a source's
   memory row as extra steps of one query (see ``MemAttnDecoder.lookup``).
 
@@ -28,6 +31,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 Memory = Dict[str, Tensor]
 
@@ -54,6 +58,25 @@ def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:
     uniform instead of NaN), and it is representable in float16 and bfloat16.
     """
     return scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+
+
+def widen(x: Tensor) -> Tensor:
+    """float16 and bfloat16 to float32; float32 and float64 unchanged (a no-op)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def sum_of_products(a: Tensor, b: Tensor) -> Tensor:
+    """``torch.bmm(a, b)`` accumulated and returned in float32 (or wider).
+
+    The sums of the attention (Eq. 1, 4, 6 and the linear covariance) are
+    reductions over up to |S| terms: in float16 a saturated Eq. 4-6 overflows
+    (see MemoryAttention), and in bfloat16 each rounding costs 3 digits. So they
+    run in float32 for a half-precision model (--fp16, --bf16) and under
+    autocast (--amp), which would otherwise cast bmm back to half; float32 and
+    float64 inputs go through unchanged, with identical results.
+    """
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.bmm(widen(a), widen(b))
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -119,27 +142,61 @@ class ContentAttention(Attention):
     def lookup(self, memory, query):
         scores = self.score(query, memory["keys"])
         scores = masked_fill_min(scores, memory["padding_mask"].unsqueeze(1))
-        weights = F.softmax(scores.float(), dim=-1).type_as(scores)  # Eq. 2
-        context = torch.bmm(weights, memory["values"])  # Eq. 1
+        weights = F.softmax(widen(scores), dim=-1)  # Eq. 2
+        context = sum_of_products(weights, memory["values"])  # Eq. 1
         return context, weights
+
+
+# The largest B x t x S x A tensor additive attention builds at once (bytes).
+# Without input feeding it scores the whole target in one call, and B x T x S x A
+# is ~5 GB in float32 at the paper's copy setting (B = 128, T = S = 200, A = 256).
+ADDITIVE_SCORE_BUDGET_BYTES = 128 * 2**20
 
 
 class AdditiveAttention(ContentAttention):
     """Bahdanau: f_att(h_i, s_j) = v^T tanh(W [h_i; s_j]), with W split into its
-    source half (applied once, in the memory) and its decoder half."""
+    source half (applied once, in the memory) and its decoder half.
 
-    def __init__(self, encoder_dim: int, decoder_dim: int, attention_dim: int):
+    The tanh is taken for every (query step, source position) pair, a
+    B x T x S x A tensor. ``score_budget_bytes`` bounds it: the query steps are
+    scored in chunks of at most that many bytes, and in training each chunk is
+    recomputed in the backward pass (torch.utils.checkpoint) instead of
+    keeping every chunk's tanh, so training needs a few chunks' worth of memory
+    instead of ~3 B x T x S x A. The results are the same; None scores the whole
+    target at once.
+    """
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, attention_dim: int,
+                 score_budget_bytes: Optional[int] = ADDITIVE_SCORE_BUDGET_BYTES):
         super().__init__(encoder_dim)
         self.source_proj = nn.Linear(encoder_dim, attention_dim, bias=False)
         self.query_proj = nn.Linear(decoder_dim, attention_dim)
         self.v = nn.Linear(attention_dim, 1, bias=False)
+        self.score_budget_bytes = score_budget_bytes
 
     def project_keys(self, states):
         return self.source_proj(states)
 
-    def score(self, query, keys):
-        hidden = torch.tanh(self.query_proj(query).unsqueeze(2) + keys.unsqueeze(1))
+    def score_pairs(self, projected_query: Tensor, keys: Tensor) -> Tensor:
+        """v^T tanh(W_q h_i + W_s s_j) for B x t projected queries and B x S keys."""
+        hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))
         return self.v(hidden).squeeze(-1)
+
+    def score(self, query, keys):
+        projected = self.query_proj(query)
+        (B, T, A), S = projected.shape, keys.size(1)
+        if self.score_budget_bytes is None:
+            return self.score_pairs(projected, keys)
+        step_bytes = B * S * A * torch.promote_types(projected.dtype, keys.dtype).itemsize
+        steps = max(1, self.score_budget_bytes // max(1, step_bytes))
+        if steps >= T:
+            return self.score_pairs(projected, keys)
+        recompute = torch.is_grad_enabled() and (projected.requires_grad or keys.requires_grad)
+        return torch.cat([
+            checkpoint(self.score_pairs, chunk, keys, use_reentrant=False) if recompute
+            else self.score_pairs(chunk, keys)
+            for chunk in projected.split(steps, dim=1)
+        ], dim=1)
 
 
 class GeneralAttention(ContentAttention):
@@ -224,6 +281,13 @@ class MemoryAttention(Attention):
     The memory is C (B x K x E); a decoder step costs O(KE) whatever |S| is.
     Padding positions get alpha = 0, so they never contribute to C.
 
+    With sigmoid scores neither sum is normalised: |c| <= K |S| max|s_t|, and
+    in training dropout scales the LSTM's outputs (|h| <= 1) by 1/(1-p), so
+    at K = 32, |S| = 2000, p = 0.2 the bound is 80,000, beyond float16's
+    65,504. Hence alpha, beta, C and c are computed in float32 for a
+    half-precision model or under autocast (C is small: K x E per source),
+    and c is returned in float32; the function itself is Eq. 4-7 unscaled.
+
     ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
     K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
     each context ("time"). It does not matter for sigmoid scores.
@@ -255,8 +319,8 @@ class MemoryAttention(Attention):
         self.W_beta = nn.Linear(decoder_dim, num_contexts, bias=False)  # Eq. 7
 
     def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
-        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings)."""
-        scores = self.W_alpha(states)
+        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
+        scores = widen(self.W_alpha(states))
         if self.position_encoding_max_len is not None:
             pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
             scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
@@ -265,20 +329,20 @@ class MemoryAttention(Attention):
 
     def build_memory(self, states, padding_mask):
         alpha = self.encoder_scores(states, padding_mask)
-        memory = {"contexts": torch.bmm(alpha.transpose(1, 2), states)}  # Eq. 4: C = alpha^T s
+        memory = {"contexts": sum_of_products(alpha.transpose(1, 2), states)}  # Eq. 4: C = alpha^T s
         if self.keep_alignment:
             memory["alpha"] = alpha
         return memory
 
     def decoder_scores(self, query: Tensor) -> Tensor:
-        """beta: B x T x K (Eq. 7)."""
-        return score_function(self.decoder_score, self.W_beta(query), dim=-1)
+        """beta: B x T x K (Eq. 7), in float32 or wider."""
+        return score_function(self.decoder_score, widen(self.W_beta(query)), dim=-1)
 
     def lookup(self, memory, query):
         beta = self.decoder_scores(query)  # Eq. 7
-        context = torch.bmm(beta, memory["contexts"])  # Eq. 6
+        context = sum_of_products(beta, memory["contexts"])  # Eq. 6
         # Sec. 5: the alignment over source tokens is beta times alpha-transposed.
-        weights = torch.bmm(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory else None
+        weights = sum_of_products(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory else None
         return context, weights
 
 
@@ -300,19 +364,20 @@ class LinearAttention(Attention):
         self.gate = nn.Linear(encoder_dim, encoder_dim) if gated else None
 
     def build_memory(self, states, padding_mask):
-        lengths = (~padding_mask).sum(dim=1).clamp_min(1).to(states.dtype)
         written = states if self.gate is None else torch.sigmoid(self.gate(states)) * states
+        written = widen(written)
+        lengths = (~padding_mask).sum(dim=1).clamp_min(1).to(written.dtype)
         written = written.masked_fill(padding_mask.unsqueeze(-1), 0.0) / lengths.sqrt()[:, None, None]
-        memory = {"covariance": torch.bmm(written.transpose(1, 2), written)}
+        memory = {"covariance": sum_of_products(written.transpose(1, 2), written)}
         if self.keep_alignment:
             memory["written"] = written
         return memory
 
     def lookup(self, memory, query):
         q = self.query_proj(query)
-        context = torch.bmm(q, memory["covariance"])  # (C q)^T = q^T C, C symmetric
+        context = sum_of_products(q, memory["covariance"])  # (C q)^T = q^T C, C symmetric
         # c = sum_t u_t (u_t^T q): the (unnormalised) weight of source t is u_t^T q.
-        weights = torch.bmm(q, memory["written"].transpose(1, 2)) if "written" in memory else None
+        weights = sum_of_products(q, memory["written"].transpose(1, 2)) if "written" in memory else None
         return context, weights
 
 

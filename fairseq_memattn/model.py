@@ -227,10 +227,10 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
 
     def lookup(self, encoder_out, hidden):
         """The attention's lookup for B*group x T queries in B rows of memory:
-        the hypotheses sharing a row are looked up as extra query steps."""
+        the hypotheses sharing a row are looked up as extra query steps. The
+        context comes back in float32 for a half-precision model (attention.py)
+        and continues in the decoder's precision."""
         group = encoder_out["group"]
-        if group == 1:
-            return self.attention.lookup(encoder_out["memory"], hidden)
         rows, steps = hidden.size(0) // group, hidden.size(1)
         context, attn = self.attention.lookup(encoder_out["memory"],
                                               hidden.reshape(rows, group * steps, -1))
@@ -238,6 +238,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         def per_hypothesis(t):
             return None if t is None else t.reshape(rows * group, steps, -1)
 
+        context = None if context is None else context.to(hidden.dtype)
         return per_hypothesis(context), per_hypothesis(attn)
 
     def _run_with_input_feeding(self, x, encoder_out, state):
