@@ -54,8 +54,8 @@ def write_corpus(raw, sizes=SIZES, seed=1, pair="en-de"):
     return raw
 
 
-def recipe(script, *args, check=True, threads="1"):
-    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "wmt17", script), *args],
+def recipe(script, *args, check=True, threads="1", cwd=None):
+    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "wmt17", script), *args], cwd=cwd,
                             env=clean_env(OMP_NUM_THREADS=threads, PYTHON=os.path.join(BIN, "python")),
                             capture_output=True, text=True, timeout=600)
     if check:
@@ -64,16 +64,14 @@ def recipe(script, *args, check=True, threads="1"):
 
 
 def prepare_train_evaluate(root, pair, model_args=TINY_MODEL, threads="1"):
-    """The recipe after its download step on a toy corpus in ROOT/raw: data in
-    ROOT/PAIR, checkpoints in ROOT/ckpt; each step's CompletedProcess."""
+    """The recipe after its download step, run in ROOT with its default output
+    folders, on a toy corpus in ROOT/raw: data in ROOT/data/wmt17/PAIR,
+    checkpoints in ROOT/checkpoints/wmt17/PAIR/CONFIG; each step's CompletedProcess."""
     raw = write_corpus(root / "raw", pair=pair)
-    out = root / pair
-    prepared = recipe("prepare.sh", pair, "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "200",
-                      threads=threads)
-    trained = recipe("train.sh", pair, CONFIG, "--data", str(out), "--gpus", "0",
-                     "--save-dir", str(root / "ckpt"), *model_args, threads=threads)
-    checkpoint = root / "ckpt" / "checkpoint_best.pt"
-    evaluated = recipe("evaluate.sh", pair, str(checkpoint), "--data", str(out), "--gpus", "0",
-                       threads=threads)
-    return dict(root=root, raw=raw, out=out, prepared=prepared, trained=trained, checkpoint=checkpoint,
-                evaluated=evaluated)
+    prepared = recipe("prepare.sh", pair, "--raw-dir", "raw", "--vocab-size", "200", threads=threads, cwd=root)
+    trained = recipe("train.sh", pair, CONFIG, "--gpus", "0", *model_args, threads=threads, cwd=root)
+    checkpoint = root / "checkpoints" / "wmt17" / pair / CONFIG / "checkpoint_best.pt"
+    evaluated = recipe("evaluate.sh", pair, str(checkpoint.relative_to(root)), "--gpus", "0",
+                       threads=threads, cwd=root)
+    return dict(root=root, raw=raw, out=root / "data" / "wmt17" / pair, prepared=prepared, trained=trained,
+                checkpoint=checkpoint, evaluated=evaluated)
