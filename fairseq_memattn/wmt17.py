@@ -252,3 +252,8 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
         build(path)
         rebuilt = True
     return counts
+
+
+if __name__ == "__main__":
+    raise SystemExit("wmt17.py is the data library; the command line is "
+                     "python -m fairseq_memattn.wmt17_run {prepare,train,evaluate} (or recipes/wmt17/*.sh)")
