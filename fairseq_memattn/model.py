@@ -12,6 +12,7 @@ import re
 from typing import Dict, Tuple
 
 import torch
+from fairseq import hub_utils
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -28,6 +29,7 @@ from .attention import (
     SCORE_FUNCTIONS,
     build_attention,
 )
+from .hub import MemAttnHubInterface
 
 DEFAULT_MAX_POSITIONS = 1024
 
@@ -341,6 +343,18 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
             input_feeding=args.input_feeding, max_target_positions=args.max_target_positions,
         )
         return cls(encoder, decoder)
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        **kwargs):
+        """fairseq's hub interface for a checkpoint (``translate``, ``sample``,
+        ``generate``), with alignments on request (see hub.py). For the WMT'17
+        recipe's output: ``from_pretrained("checkpoints/wmt17/en-de/CONFIG",
+        checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
+        bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                           archive_map=cls.hub_models(), **kwargs)
+        return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         if strict:

@@ -1,11 +1,11 @@
 """WMT'17 data for the paper's Table 2 (Sec. 4.2): download, check, BPE, binarize.
 
-    python -m fairseq_memattn.wmt17 prepare en-de [--out DIR] [--raw-dir DIR]
-    python -m fairseq_memattn.wmt17 train en-de k64_pe [fairseq-train options]
-    python -m fairseq_memattn.wmt17 evaluate en-de CHECKPOINT
+The data half of the WMT'17 recipe; its command line, with training and
+evaluation, is ``wmt17_run.py`` (``python -m fairseq_memattn.wmt17_run
+{prepare,train,evaluate}``, which ``recipes/wmt17/*.sh`` call). This module
+imports nothing from it.
 
-(``recipes/wmt17/*.sh`` call these; ``train`` and ``evaluate`` live in
-``wmt17_run.py``.) The paper trained on the WMT'17 "preprocessed" corpora
+The paper trained on the WMT'17 "preprocessed" corpora
 (tokenised and truecased by the organisers), with a shared 16k BPE vocabulary,
 newstest2015 for validation and newstest2016 for test. We undo the organisers'
 truecasing and tokenisation (sacremoses), so that the model reads and writes
@@ -13,15 +13,14 @@ plain text: sentencepiece's BPE then works on raw text, fairseq-interactive
 takes raw sentences and the test score is detokenised sacreBLEU against the
 official references.
 
-Only ``download`` needs the network. Everything after it reads the plain-text
-files ``train|valid|test.{en,xx}`` of one directory: the downloaded ones, or
-the user's (``--raw-dir``, for offline machines). Each step writes to a
-temporary name and renames it when complete, and skips an output that exists;
-once a step has run, every later step runs again, so nothing is built from an
-older version of its input.
+Only ``download`` needs the network, and only it is limited to the paper's four
+pairs. Everything after it reads the plain-text files ``train|valid|test.{src,tgt}``
+of one directory: the downloaded ones, or the user's (``raw_dir``, for offline
+machines or any other language pair). Each step writes to a temporary name and
+renames it when complete, and skips an output that exists; once a step has run,
+every later step runs again, so nothing is built from an older version of its input.
 """
 
-import argparse
 import gzip
 import os
 import re
@@ -29,9 +28,12 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from typing import Dict, List
+from typing import Dict, Tuple
 
+# The pairs the download step knows (the paper's); a user's own corpus may be any pair.
 PAIRS = ("en-cs", "en-de", "en-fi", "en-tr")
+# fairseq names its files SPLIT.SRC-TGT.LANG.bin, so a code cannot hold '.' or '-'.
+LANGUAGE_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 SPLITS = ("train", "valid", "test")
 PREPROCESSED = "http://data.statmt.org/wmt17/translation-task/preprocessed/{xx}-en/corpus.tc.{lang}.gz"
 # sacrebleu test sets: newstest2015 for validation and newstest2016 for test, as in
@@ -45,11 +47,25 @@ class DataError(ValueError):
     """Input that would make training fail or train on the wrong data."""
 
 
-def check_pair(pair: str):
-    """('en', 'xx') for a supported pair, else a DataError naming the allowed ones."""
+def check_pair(pair: str) -> Tuple[str, str]:
+    """(source, target) language codes of a pair written SRC-TGT, e.g. en-fr,
+    else a DataError naming the bad value."""
+    codes = pair.split("-")
+    if len(codes) != 2 or not all(LANGUAGE_CODE.fullmatch(code) for code in codes) or codes[0] == codes[1]:
+        raise DataError(f"invalid language pair {pair!r} (expected two different language codes "
+                        "joined by '-', like en-fr; a code is letters, digits and '_', starting "
+                        "with a letter)")
+    return codes[0], codes[1]
+
+
+def check_download_pair(pair: str) -> Tuple[str, str]:
+    """check_pair, and a DataError for a pair the WMT'17 download does not cover."""
+    langs = check_pair(pair)
     if pair not in PAIRS:
-        raise DataError(f"unknown language pair {pair!r} (choose from {', '.join(PAIRS)})")
-    return tuple(pair.split("-"))
+        raise DataError(f"no WMT'17 download for {pair!r} (the download covers {', '.join(PAIRS)}; "
+                        f"for any other pair give your own corpus with --raw-dir DIR holding "
+                        f"{{train,valid,test}}.{{{','.join(langs)}}})")
+    return langs
 
 
 def test_sets(pair: str) -> Dict[str, str]:
@@ -138,7 +154,7 @@ def echo_test_set(test_set: str, pair: str, side: str, path: str):
 def download(pair: str, out: str) -> str:
     """The WMT'17 preprocessed training corpus and the newstest sets, as plain
     text in OUT/raw; files already in OUT/download are used as they are."""
-    langs = check_pair(pair)
+    langs = check_download_pair(pair)
     raw = os.path.join(out, "raw")
     for lang in langs:
         path = os.path.join(raw, f"train.{lang}")
@@ -210,8 +226,9 @@ def binarize(bpe_dir: str, langs, dest: str, workers: int):
 
 def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SIZE,
             workers: int = 1) -> Dict[str, int]:
-    """Everything up to OUT/data-bin; returns the sentence counts per split."""
-    langs = check_pair(pair)
+    """Everything up to OUT/data-bin; returns the sentence counts per split.
+    Without ``raw_dir`` the pair's WMT'17 corpus is downloaded first."""
+    langs = check_pair(pair) if raw_dir else check_download_pair(pair)
     raw = raw_dir or download(pair, out)
     counts = check_raw(raw, pair)
     print(f"{pair}: {counts['train']} training, {counts['valid']} validation, "
@@ -237,37 +254,6 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
     return counts
 
 
-def main(argv: List[str] = None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["train"], ["evaluate"]):
-        from . import wmt17_run
-
-        return wmt17_run.main(argv)
-    parser = argparse.ArgumentParser(prog="wmt17", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="download (or take --raw-dir), BPE, fairseq-preprocess")
-    prep.add_argument("pair", help=f"one of {', '.join(PAIRS)}")
-    prep.add_argument("--out", help="output directory (default data/wmt17/PAIR)")
-    prep.add_argument("--raw-dir", help="plain-text {train,valid,test}.{en,xx} to use instead "
-                      "of downloading (for offline machines)")
-    prep.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
-                      help=f"joint BPE vocabulary size (default {VOCAB_SIZE}, the paper's)")
-    prep.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
-    sub.add_parser("train", help="fairseq-train one of the paper's configurations (see wmt17_run)")
-    sub.add_parser("evaluate", help="beam-10 decoding and sacreBLEU (see wmt17_run)")
-    args = parser.parse_args(argv)
-    for name in ("vocab_size", "workers"):
-        if getattr(args, name) < 1:
-            parser.error(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} (must be an integer >= 1)")
-    try:
-        check_pair(args.pair)
-        if args.raw_dir and not os.path.isdir(args.raw_dir):
-            raise DataError(f"--raw-dir {args.raw_dir} is not a directory")
-        prepare(args.pair, args.out or os.path.join("data", "wmt17", args.pair), args.raw_dir,
-                args.vocab_size, args.workers)
-    except DataError as error:
-        parser.error(str(error))
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit("wmt17.py is the data library; the command line is "
+                     "python -m fairseq_memattn.wmt17_run {prepare,train,evaluate} (or recipes/wmt17/*.sh)")

@@ -1,8 +1,12 @@
-"""Train and evaluate the paper's WMT'17 configurations (Sec. 4.2, Tables 2 and 3).
+"""The WMT'17 recipe's command line (Sec. 4.2, Tables 2 and 3): prepare, train, evaluate.
 
-    python -m fairseq_memattn.wmt17 train PAIR CONFIG [--data DIR] [fairseq-train options]
-    python -m fairseq_memattn.wmt17 evaluate PAIR CHECKPOINT [--data DIR] [--subset test]
+    python -m fairseq_memattn.wmt17_run prepare PAIR [--out DIR] [--raw-dir DIR]
+    python -m fairseq_memattn.wmt17_run train PAIR CONFIG [--data DIR] [fairseq-train options]
+    python -m fairseq_memattn.wmt17_run evaluate PAIR CHECKPOINT [--data DIR] [--subset test]
 
+(``recipes/wmt17/{prepare,train,evaluate}.sh`` call these.) ``prepare`` is the
+data library ``wmt17.py``: the WMT'17 download for en-cs, en-de, en-fi, en-tr,
+or ``--raw-dir`` with a corpus of any pair, then BPE and fairseq-preprocess.
 ``train`` builds one fairseq-train command line from the paper's settings and
 runs it; options it does not know go to fairseq-train last, so they override
 the recipe's (e.g. ``--max-update 1000``). The best checkpoint is the one with
@@ -24,7 +28,8 @@ from typing import List
 
 import sacrebleu
 
-from .wmt17 import DataError, check_pair
+from . import wmt17
+from .wmt17 import PAIRS, VOCAB_SIZE, DataError, check_pair
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 SCORES = ("softmax", "sigmoid")
@@ -56,8 +61,9 @@ def data_bin(data: str, pair: str) -> str:
     path = os.path.join(data, "data-bin")
     src, tgt = check_pair(pair)
     if not os.path.isfile(os.path.join(path, f"dict.{tgt}.txt")):
+        own_corpus = "" if pair in PAIRS else " --raw-dir DIR"
         raise DataError(f"no binarized {pair} data in {path}: run recipes/wmt17/prepare.sh {pair} "
-                        f"--out {data} first")
+                        f"--out {data}{own_corpus} first")
     return path
 
 
@@ -151,10 +157,40 @@ def default_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def main(argv: List[str]):
+def add_prepare_parser(sub):
+    prep = sub.add_parser("prepare", allow_abbrev=False,
+                          help="download (or take --raw-dir), BPE, fairseq-preprocess")
+    prep.add_argument("pair", help=f"SRC-TGT language codes: {', '.join(PAIRS)} to download the "
+                      "WMT'17 data, any pair (e.g. en-fr) with --raw-dir")
+    prep.add_argument("--out", help="output directory (default data/wmt17/PAIR)")
+    prep.add_argument("--raw-dir", help="plain-text {train,valid,test}.{SRC,TGT} to use instead "
+                      "of downloading (for offline machines and other pairs)")
+    prep.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
+                      help=f"joint BPE vocabulary size (default {VOCAB_SIZE}, the paper's)")
+    prep.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
+
+
+def run_prepare(args):
+    for name in ("vocab_size", "workers"):
+        if getattr(args, name) < 1:
+            raise DataError(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} "
+                            "(must be an integer >= 1)")
+    if args.raw_dir:
+        wmt17.check_pair(args.pair)
+        if not os.path.isdir(args.raw_dir):
+            raise DataError(f"--raw-dir {args.raw_dir} is not a directory")
+    else:
+        wmt17.check_download_pair(args.pair)
+    wmt17.prepare(args.pair, args.out or os.path.join("data", "wmt17", args.pair), args.raw_dir,
+                  args.vocab_size, args.workers)
+
+
+def main(argv: List[str] = None):
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="wmt17", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    add_prepare_parser(sub)
     train = sub.add_parser("train", allow_abbrev=False,
                            help="fairseq-train one configuration; unknown options go to fairseq-train")
     train.add_argument("pair")
@@ -172,9 +208,13 @@ def main(argv: List[str]):
         p.add_argument("--data", help="prepare's output directory (default data/wmt17/PAIR)")
         p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all; 0 = CPU)")
     args, extra = parser.parse_known_args(argv)
-    data = args.data or os.path.join("data", "wmt17", args.pair)
-    gpus = default_gpus() if args.gpus is None else args.gpus
+    if args.command == "prepare" and extra:  # only train and evaluate pass options on to fairseq
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command == "prepare":
+            return run_prepare(args)
+        data = args.data or os.path.join("data", "wmt17", args.pair)
+        gpus = default_gpus() if args.gpus is None else args.gpus
         if args.command == "train":
             command = train_command(args.pair, args.config, data,
                                     args.save_dir or os.path.join("checkpoints", "wmt17", args.pair, args.config),
@@ -198,3 +238,7 @@ def main(argv: List[str]):
     print(f"decoding time: {result['decoding_seconds']} s for {result['sentences']} sentences "
           f"(fairseq-generate's timer, without model setup and data loading; mean of {result['runs']} runs)")
     print(json.dumps({k: result[k] for k in ("bleu", "sentences", "missing", "decoding_seconds")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,62 +1,26 @@
 """The WMT'17 recipe after its download step, offline, on a small parallel
-corpus made here: recipes/wmt17/prepare.sh --raw-dir (joint sentencepiece BPE,
+corpus (wmt17_toy.py): recipes/wmt17/prepare.sh --raw-dir (joint sentencepiece BPE,
 fairseq-preprocess), train.sh (a few epochs of a tiny memattn model with
 validation BLEU picking the best checkpoint), evaluate.sh (beam 10, sacreBLEU)
-and fairseq-interactive on raw text; then idempotence and bad input."""
+and fairseq-interactive on raw text; the same for a pair the WMT'17 download
+does not have (a user's own en-fr corpus); then idempotence and bad input."""
 
 import gzip
 import json
 import os
-import random
 import re
 import subprocess
 
 import numpy as np
 import pytest
+import sacrebleu
 import torch
-from conftest import BIN, PLUGIN_DIR, REPO, clean_env
+from conftest import BIN, PLUGIN_DIR, clean_env
+from wmt17_toy import SIZES, TINY_MODEL, recipe, write_corpus
 
 from fairseq_memattn import wmt17, wmt17_run
 
-# A toy English -> German word-for-word language, so that a tiny model learns it in seconds.
-LEXICON = dict(pair.split(":") for pair in (
-    "the:die house:Haus tree:Baum river:Fluss stone:Stein light:Licht cloud:Wolke night:Nacht "
-    "water:Wasser green:grün small:klein old:alt red:rot blue:blau cold:kalt warm:warm dog:Hund "
-    "cat:Katze bird:Vogel fish:Fisch horse:Pferd apple:Apfel bread:Brot milk:Milch book:Buch "
-    "door:Tür road:Straße city:Stadt field:Feld garden:Garten sees:sieht has:hat").split())
-SIZES = {"train": 2000, "valid": 40, "test": 60}
-TINY_MODEL = ["--encoder-hidden-size", "64", "--decoder-hidden-size", "64", "--encoder-embed-dim", "32",
-              "--decoder-embed-dim", "32", "--memory-k", "8", "--dropout", "0", "--lr", "5e-3",
-              "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "10",
-              "--validate-interval-updates", "0", "--save-interval-updates", "0",
-              "--eval-bleu-args", '{"beam": 5}', "--no-progress-bar", "--log-interval", "50",
-              "--seed", "1", "--num-workers", "0"]
 MIN_BLEU = 15.0  # measured: see the README's WMT'17 section
-
-
-def sentence(rng):
-    words = [rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 8))]
-    target = " ".join(LEXICON[w] for w in words)
-    return " ".join(words).capitalize() + ".", target[0].upper() + target[1:] + "."
-
-
-def write_corpus(raw, sizes=SIZES, seed=1):
-    rng = random.Random(seed)
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, n in sizes.items():
-        pairs = [sentence(rng) for _ in range(n)]
-        for side, lang in enumerate(("en", "de")):
-            (raw / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-    return raw
-
-
-def recipe(script, *args, check=True):
-    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "wmt17", script), *args],
-                            env=clean_env(OMP_NUM_THREADS="1", PYTHON=os.path.join(BIN, "python")),
-                            capture_output=True, text=True, timeout=600)
-    if check:
-        assert result.returncode == 0, f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    return result
 
 
 def snapshot(out):
@@ -148,10 +112,31 @@ def test_interactive_translates_raw_text(pipeline):
     assert "Hund" in translations[0]
 
 
+def test_own_corpus_of_any_language_pair(own_pair_recipe):
+    """en-fr, which the WMT'17 download does not have, through prepare --raw-dir,
+    train and evaluate, with every file named by the pair's codes."""
+    out, log = own_pair_recipe["out"], own_pair_recipe["trained"].stdout
+    assert "en-fr: 2000 training, 40 validation, 60 test sentence pairs" in own_pair_recipe["prepared"].stdout
+    assert {"dict.en.txt", "dict.fr.txt", "train.en-fr.fr.bin", "test.en-fr.en.bin"} <= set(
+        os.listdir(out / "data-bin"))
+    assert (out / "ref" / "test.fr").read_text() == (own_pair_recipe["raw"] / "test.fr").read_text()
+    assert "--source-lang en --target-lang fr" in log.splitlines()[0]
+    evaluated = own_pair_recipe["evaluated"].stdout
+    assert "--source-lang en --target-lang fr" in evaluated
+    result = json.loads(evaluated.strip().splitlines()[-1])
+    print("offline WMT'17 pipeline (toy en-fr):", result)
+    assert result["sentences"] == SIZES["test"] and result["missing"] == 0
+    # the score is sacreBLEU of the plain-text hypotheses against the user's own reference
+    hyps = (own_pair_recipe["checkpoint"].parent / "hyp.test.fr").read_text(encoding="utf-8").splitlines()
+    refs = (own_pair_recipe["raw"] / "test.fr").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == SIZES["test"] and not any("▁" in h for h in hyps)
+    assert result["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+
+
 def test_interrupted_step_is_rebuilt_with_everything_after_it(tmp_path, capsys):
     raw = write_corpus(tmp_path / "raw", {"train": 300, "valid": 10, "test": 10})
     out = tmp_path / "out"
-    wmt17.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
+    wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
     target = out / "bpe" / "valid.de"
     complete = target.read_text(encoding="utf-8")
     # a run killed while encoding: the final name is missing, a partial temporary file remains
@@ -159,7 +144,7 @@ def test_interrupted_step_is_rebuilt_with_everything_after_it(tmp_path, capsys):
     (out / "bpe" / "valid.de.tmp999").write_text("half a li", encoding="utf-8")
     old_bin = (out / "data-bin" / "valid.en-de.de.bin").stat().st_mtime_ns
     capsys.readouterr()
-    wmt17.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
+    wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "120"])
     log = capsys.readouterr().out
     assert target.read_text(encoding="utf-8") == complete
     assert f"build: {target}" in log and f"build: {out / 'data-bin'}" in log  # later steps redone
@@ -169,7 +154,7 @@ def test_interrupted_step_is_rebuilt_with_everything_after_it(tmp_path, capsys):
 
 def prepare_error(capsys, *args):
     with pytest.raises(SystemExit) as stop:
-        wmt17.main(["prepare", *args])
+        wmt17_run.main(["prepare", *args])
     assert stop.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -177,8 +162,13 @@ def prepare_error(capsys, *args):
 def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
     raw = write_corpus(tmp_path / "raw", {"train": 20, "valid": 5, "test": 5})
     out = tmp_path / "out"
-    assert prepare_error(capsys, "en-xx", "--raw-dir", str(raw), "--out", str(out)) == (
-        "wmt17: error: unknown language pair 'en-xx' (choose from en-cs, en-de, en-fi, en-tr)")
+    assert prepare_error(capsys, "en-fr", "--out", str(out)) == (
+        "wmt17: error: no WMT'17 download for 'en-fr' (the download covers en-cs, en-de, en-fi, en-tr; "
+        "for any other pair give your own corpus with --raw-dir DIR holding {train,valid,test}.{en,fr})")
+    for pair in ("en_fr", "en-fr-de", "en.x-fr", "en-", "en-en", "1en-fr"):
+        assert prepare_error(capsys, pair, "--raw-dir", str(raw), "--out", str(out)) == (
+            f"wmt17: error: invalid language pair {pair!r} (expected two different language codes "
+            "joined by '-', like en-fr; a code is letters, digits and '_', starting with a letter)")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--workers", "0") == (
         "wmt17: error: invalid --workers: 0 (must be an integer >= 1)")
     assert re.fullmatch(
@@ -208,7 +198,7 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
 def test_bad_training_and_evaluation_requests(tmp_path, capsys):
     def error(*args):
         with pytest.raises(SystemExit) as stop:
-            wmt17.main(list(args))
+            wmt17_run.main(list(args))
         assert stop.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -218,7 +208,12 @@ def test_bad_training_and_evaluation_requests(tmp_path, capsys):
     assert error("train", "en-de", "k32", "--data", str(tmp_path)) == (
         f"wmt17: error: no binarized en-de data in {tmp_path / 'data-bin'}: run "
         f"recipes/wmt17/prepare.sh en-de --out {tmp_path} first")
-    assert error("train", "de-en", "k32").startswith("wmt17: error: unknown language pair 'de-en'")
+    assert error("train", "en.fr", "k32").startswith("wmt17: error: invalid language pair 'en.fr' (")
+    assert error("evaluate", "en-fr-de", "x.pt").startswith("wmt17: error: invalid language pair 'en-fr-de' (")
+    # any well-formed pair: the user's own corpus, prepared with --raw-dir
+    assert error("train", "de-en", "k32") == (
+        f"wmt17: error: no binarized de-en data in {os.path.join('data', 'wmt17', 'de-en', 'data-bin')}: "
+        "run recipes/wmt17/prepare.sh de-en --out data/wmt17/de-en --raw-dir DIR first")
     assert error("evaluate", "en-de", str(tmp_path / "none.pt"), "--data", str(tmp_path)) == (
         f"wmt17: error: checkpoint {tmp_path / 'none.pt'} does not exist")
 

@@ -7,4 +7,4 @@
 # The best checkpoint is chosen by validation BLEU (beam 10).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m fairseq_memattn.wmt17 train "$@"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m fairseq_memattn.wmt17_run train "$@"

@@ -1,0 +1,151 @@
+"""fairseq's hub API on the WMT'17 recipe's output, loaded exactly as the
+README shows: MemAttnLSTMModel.from_pretrained(checkpoint folder, data-bin,
+sentencepiece model) -> translate / sample / generate with alignments.
+
+The model is the tiny en-fr one that conftest.own_pair_recipe trains through
+recipes/wmt17 (prepare --raw-dir, train, evaluate) in its default folders."""
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+from conftest import BIN, PLUGIN_DIR, REPO, clean_env
+from fairseq.hub_utils import GeneratorHubInterface
+
+from fairseq_memattn.model import MemAttnLSTMModel
+
+SENTENCES = ["The dog sees the house.", "Red bird.", "The old horse has the green apple."]
+
+
+@pytest.fixture(scope="module")
+def recipe_dir(own_pair_recipe):
+    return own_pair_recipe["root"]
+
+
+@pytest.fixture(scope="module")
+def model(recipe_dir):
+    cwd = os.getcwd()
+    os.chdir(recipe_dir)  # the README's relative paths
+    try:
+        model = MemAttnLSTMModel.from_pretrained(
+            "checkpoints/wmt17/en-fr/k32_pe_sigmoid-softmax", checkpoint_file="checkpoint_best.pt",
+            data_name_or_path="data/wmt17/en-fr/data-bin",
+            bpe="sentencepiece", sentencepiece_model="data/wmt17/en-fr/spm.model")
+    finally:
+        os.chdir(cwd)
+    model.eval()
+    return model
+
+
+def interactive(recipe_dir, beam, sentences=SENTENCES):
+    """fairseq-interactive's D- lines for raw sentences: the same checkpoint through fairseq's CLI."""
+    result = subprocess.run(
+        [os.path.join(BIN, "fairseq-interactive"), "data/wmt17/en-fr/data-bin", "--user-dir", PLUGIN_DIR,
+         "--path", "checkpoints/wmt17/en-fr/k32_pe_sigmoid-softmax/checkpoint_best.pt",
+         "--source-lang", "en", "--target-lang", "fr", "--bpe", "sentencepiece",
+         "--sentencepiece-model", "data/wmt17/en-fr/spm.model", "--beam", str(beam), "--cpu"],
+        cwd=recipe_dir, input="".join(s + "\n" for s in sentences), env=clean_env(OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return re.findall(r"^D-\d+\t\S+\t(.*)$", result.stdout, re.M)
+
+
+def test_from_pretrained_returns_fairseqs_hub_interface(model):
+    assert isinstance(model, GeneratorHubInterface)
+    assert isinstance(model.models[0], MemAttnLSTMModel)
+    assert (model.task.source_dictionary is model.src_dict and model.task.cfg.source_lang == "en"
+            and model.task.cfg.target_lang == "fr")
+    assert model.cfg.bpe._name == "sentencepiece"
+
+
+def test_translate_and_sample_give_what_fairseq_interactive_gives(model, recipe_dir):
+    """Raw text in, plain text out, hypothesis for hypothesis the same as the CLI's
+    (which applies the same sentencepiece model, beam and checkpoint)."""
+    translations = model.translate(SENTENCES, beam=10)
+    print("hub translate:", translations)
+    assert translations == interactive(recipe_dir, beam=10)
+    assert model.translate(SENTENCES[0], beam=10) == translations[0]  # one string in, one out
+    assert model.sample(SENTENCES) == interactive(recipe_dir, beam=1)  # sample: beam 1
+    assert all(t and "▁" not in t for t in translations)  # the BPE removed
+
+
+def eq10_position_encodings(length, K, S):
+    """Eq. 10, l_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), each context k renormalised
+    over the sentence's positions s (Sec. 3.2), written as loops."""
+    L = [[(1 - k / K) * (1 - s / S) + (k / K) * (s / S) for k in range(1, K + 1)]
+         for s in range(1, length + 1)]
+    totals = [sum(L[s][k] for s in range(length)) for k in range(K)]
+    return torch.tensor([[L[s][k] / totals[k] for k in range(K)] for s in range(length)])
+
+
+def beta_alpha(model, source, target):
+    """beta alpha^T (T x S) for one sentence, from the encoder states s_t and the
+    decoder states h_i of a teacher-forced forward pass: alpha_t = sigmoid(W_alpha s_t o l_t)
+    (Eq. 5, 9, 10; the recipe's sigmoid encoder scores), beta_i = softmax(W_beta h_i) (Eq. 7)."""
+    network, cfg = model.models[0], model.cfg.model
+    attention = network.encoder.attention
+    captured = {}
+    build_memory = attention.build_memory
+
+    def recording_build_memory(states, padding_mask):
+        captured["s"] = states[0]
+        return build_memory(states, padding_mask)
+
+    attention.build_memory = recording_build_memory
+    hook = network.decoder.lstm.register_forward_hook(lambda m, i, out: captured.update(h=out[0][0]))
+    try:
+        prev_output = torch.cat([target.new_tensor([model.tgt_dict.eos()]), target[:-1]])
+        with torch.no_grad():
+            network(source[None], torch.tensor([source.numel()]), prev_output[None])
+    finally:
+        hook.remove()
+        del attention.build_memory
+    W_alpha, W_beta = attention.W_alpha.weight, attention.W_beta.weight
+    l = eq10_position_encodings(source.numel(), cfg.memory_k, cfg.memory_position_max_len)
+    alpha = torch.sigmoid((captured["s"] @ W_alpha.T) * l)
+    beta = torch.softmax(captured["h"] @ W_beta.T, dim=-1)
+    return beta @ alpha.T
+
+
+def test_alignments_are_beta_alpha_transposed(model):
+    source = model.encode(SENTENCES[2])
+    translation = model.translate(SENTENCES[2], beam=10)
+    best = model.generate(source, beam=10, print_alignment="hard")[0]
+    assert model.decode(best["tokens"]) == translation  # alignments do not change the search
+    expected = beta_alpha(model, source, best["tokens"])  # T x S, EOS included on both sides
+    attention = best["attention"].T
+    assert attention.shape == expected.shape == (best["tokens"].numel(), source.numel())
+    torch.testing.assert_close(attention, expected, atol=1e-5, rtol=1e-4)
+    # hard: each target token (EOS excluded) to its most attended source token (EOS excluded)
+    words = expected[:-1, :-1]
+    assert best["alignment"] == [(int(words[i].argmax()), i) for i in range(words.size(0))]
+    assert len(set(s for s, _ in best["alignment"])) > 1  # not one column for every token
+
+    assert model.generate(source, beam=10, print_alignment=True)[0]["alignment"] == best["alignment"]
+    soft = model.generate(source, beam=10, print_alignment="soft")[0]["alignment"]
+    torch.testing.assert_close(torch.tensor([[float(p) for p in row] for row in soft]),
+                               expected, atol=1e-5, rtol=0)
+
+
+def test_alignments_only_for_the_call_that_asks(model):
+    """translate() does not pay for alignments: the decoders go back to not
+    returning attention, as fairseq-generate without --print-alignment."""
+    decoder = model.models[0].decoder
+    model.generate(model.encode(SENTENCES[1]), beam=2, print_alignment="hard")
+    assert not decoder.need_attn and not decoder.attention.keep_alignment
+    assert model.generate(model.encode(SENTENCES[1]), beam=2)[0]["attention"].numel() == 0
+
+
+def test_install_message_names_the_real_extra():
+    """Without an importable fairseq, the plugin says which extra to install, and that
+    extra exists in setup.py."""
+    result = subprocess.run(
+        [os.path.join(BIN, "python"), "-c",
+         "import sys; sys.modules['fairseq'] = None; import fairseq_memattn"],
+        env=clean_env(), capture_output=True, text=True, timeout=120)
+    extra = re.search(r"pip install '(fairseq_memattn\[([\w-]+)\])'", result.stderr)
+    assert result.returncode != 0 and extra, result.stderr[-2000:]
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        assert f'"{extra.group(2)}": ["ve-fairseq==' in f.read()
