@@ -12,7 +12,8 @@ from test_reliability import final_error, run_together, write_parallel
 
 TINY = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
         "--decoder-hidden-size", "8", "--encoder-layers", "1", "--decoder-layers", "1", "--memory-k", "4"]
-TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--seed", "1", "--cpu",
+TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--required-batch-size-multiple", "1",
+         "--seed", "1", "--cpu",
          "--num-workers", "0", "--no-progress-bar", "--max-update", "1", "--disable-validation"]
 # The longest source fairseq trains on has 9 words + EOS; the 20-word pair is
 # beyond --max-source-positions 12 and skipped, so it does not count.
