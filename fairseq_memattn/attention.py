@@ -93,10 +93,20 @@ class Attention(nn.Module):
 
     def __init__(self):
         super().__init__()
-        # Alignments cost extra work at every decoder step for the fixed-size
-        # memories, so they are kept only when fairseq asks for them
-        # (--print-alignment sets this through make_generation_fast_).
-        self.keep_alignment = False
+        self.alignment_request: Optional[bool] = None
+
+    @property
+    def keep_alignment(self) -> bool:
+        """Whether to return alignments. They cost extra work at every decoder
+        step for the fixed-size memories, and no criterion reads them, so by
+        default (None) they are kept in eval mode only, as fairseq's LSTM returns
+        its attention; make_generation_fast_ sets True or False (fairseq-generate
+        passes --print-alignment)."""
+        return not self.training if self.alignment_request is None else self.alignment_request
+
+    @keep_alignment.setter
+    def keep_alignment(self, value: Optional[bool]) -> None:
+        self.alignment_request = value
 
     def build_memory(self, states: Tensor, padding_mask: Tensor) -> Memory:
         raise NotImplementedError

@@ -51,13 +51,17 @@ def check_config(cfg) -> None:
         raise ValueError("invalid " + "; invalid ".join(problems))
 
 
-def copy_examples(cfg, split: str) -> List[List[str]]:
-    """The source sequences of ``split`` as lists of symbols (targets: the same, or reversed)."""
+def _draw_lengths(cfg, split: str):
+    """The random generator of ``split`` and the source lengths it draws first."""
     if split not in SPLITS:
         raise ValueError(f"copy_task has no split {split!r} (choose from {', '.join(SPLITS)})")
-    size = getattr(cfg, f"copy_{split}_size")
     rng = np.random.default_rng([cfg.copy_seed, SPLITS.index(split)])
-    lengths = rng.integers(0, cfg.copy_max_len + 1, size=size)
+    return rng, rng.integers(0, cfg.copy_max_len + 1, size=getattr(cfg, f"copy_{split}_size"))
+
+
+def copy_examples(cfg, split: str) -> List[List[str]]:
+    """The source sequences of ``split`` as lists of symbols (targets: the same, or reversed)."""
+    rng, lengths = _draw_lengths(cfg, split)
     symbols = rng.integers(0, cfg.copy_vocab_size, size=int(lengths.sum()))
     starts = np.concatenate([[0], np.cumsum(lengths)])
     return [[str(s) for s in symbols[a:b]] for a, b in zip(starts[:-1], starts[1:])]
@@ -100,6 +104,12 @@ class CopyTask(FairseqTask):
             src, sizes, self.dictionary, tgt, sizes.copy(), self.dictionary,
             shuffle=split == "train",
         )
+
+    def source_target_sizes(self, split):
+        """Source and target sizes of ``split`` (EOS included), without making
+        its examples: the model reads them for S of the position encodings."""
+        sizes = _draw_lengths(self.cfg, split)[1] + 1
+        return sizes, sizes
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         return LanguagePairDataset(src_tokens, src_lengths, self.dictionary,

@@ -19,14 +19,14 @@ from fairseq.hub_utils import GeneratorHubInterface
 @contextlib.contextmanager
 def attention_returned(models):
     """The decoders return their attention (as with --print-alignment) inside the block."""
-    saved = [(m.decoder.need_attn, m.decoder.attention.keep_alignment) for m in models]
+    saved = [m.decoder.attention.alignment_request for m in models]
     try:
         for model in models:
             model.decoder.make_generation_fast_(need_attn=True)
         yield
     finally:
-        for model, (need_attn, keep_alignment) in zip(models, saved):
-            model.decoder.need_attn, model.decoder.attention.keep_alignment = need_attn, keep_alignment
+        for model, request in zip(models, saved):
+            model.decoder.attention.alignment_request = request
 
 
 class MemAttnHubInterface(GeneratorHubInterface):

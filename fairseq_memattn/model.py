@@ -8,11 +8,13 @@ decoder looks it up at every step.
 """
 
 import argparse
+import logging
 import re
 from typing import Dict, Tuple
 
+import numpy as np
 import torch
-from fairseq import hub_utils
+from fairseq import hub_utils, utils
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -31,17 +33,18 @@ from .attention import (
 )
 from .hub import MemAttnHubInterface
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MAX_POSITIONS = 1024
+NO_ALIGNMENT = ("--print-alignment needs an attention to align with, but this model was "
+                "trained with --attention-type none")
 
 
-def roll_rows(x: Tensor, shifts: Tensor) -> Tensor:
-    """out[b, j] = x[b, (j - shifts[b]) mod S]: moves padding from one side of
-    each row to the other (x is B x S or B x S x D)."""
-    S = x.size(1)
-    index = (torch.arange(S, device=x.device).unsqueeze(0) - shifts.unsqueeze(1)) % S
-    if x.dim() == 3:
-        index = index.unsqueeze(-1).expand_as(x)
-    return x.gather(1, index)
+def tokens_first(padding_mask: Tensor) -> Tensor:
+    """For each row, the positions of its tokens in order, then those of its
+    padding: the permutation that moves a row's padding to its end, whichever
+    side (or sides) it was on (padding_mask is B x S, True at padding)."""
+    return torch.argsort(padding_mask.to(torch.uint8), dim=1, stable=True)
 
 
 def share_rows(new_order: Tensor, group: int) -> Tuple[Tensor, int]:
@@ -107,10 +110,9 @@ class MemAttnEncoder(FairseqEncoder):
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
-                 left_pad=True, max_source_positions=DEFAULT_MAX_POSITIONS):
+                 max_source_positions=DEFAULT_MAX_POSITIONS):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
-        self.left_pad = left_pad
         self.max_source_positions = max_source_positions
         self.embed_tokens = Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)  # dropout on the input of every cell
@@ -122,19 +124,23 @@ class MemAttnEncoder(FairseqEncoder):
     def forward(self, src_tokens: Tensor, src_lengths: Tensor):
         padding_mask = src_tokens.eq(self.padding_idx)
         lengths = (~padding_mask).sum(dim=1)
-        # The LSTM reads each sentence from position 0, so left padding is
-        # moved to the right for it and the states are moved back afterwards:
-        # states and alignments then line up with src_tokens (fairseq #3625).
-        shift = (padding_mask.size(1) - lengths) if self.left_pad else torch.zeros_like(lengths)
-        tokens = roll_rows(src_tokens, -shift)
-
-        x = self.dropout(self.embed_tokens(tokens))
+        # The LSTM reads each sentence from position 0. Which side a row is padded
+        # on is the command's choice, not the model's (fairseq-interactive pads
+        # left, fairseq-generate as its own --left-pad-source says), so each row's
+        # tokens are moved to its front as its padding mask shows, and the states
+        # are put back afterwards: states and alignments then line up with
+        # src_tokens in whatever layout it came (fairseq #3625).
+        order = tokens_first(padding_mask)
+        x = self.dropout(self.embed_tokens(src_tokens.gather(1, order)))
         packed = pack_padded_sequence(x, lengths.cpu().clamp_min(1), batch_first=True,
                                       enforce_sorted=False)
         packed_out, (h_n, c_n) = self.lstm(packed)
-        states, _ = pad_packed_sequence(packed_out, batch_first=True,
-                                        total_length=src_tokens.size(1))
-        states = roll_rows(self.dropout(states), shift)
+        front_states, _ = pad_packed_sequence(packed_out, batch_first=True,
+                                              total_length=src_tokens.size(1))
+        # states[b, order[b, j]] = front_states[b, j]
+        states = torch.zeros_like(front_states).scatter(
+            1, order.unsqueeze(-1).expand_as(front_states), front_states)
+        states = self.dropout(states)
 
         final_state = torch.cat([h_n[-2], h_n[-1], c_n[-2], c_n[-1]], dim=-1)
         return {
@@ -181,7 +187,6 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.attention = attention
         context_dim = attention.context_dim
         self.input_feeding = input_feeding and context_dim > 0
-        self.need_attn = False
 
         self.embed_tokens = Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)
@@ -191,6 +196,25 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.lstm = LSTM(input_size, hidden_size, num_layers, batch_first=True,
                          dropout=dropout if num_layers > 1 else 0.0)
         self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
+
+    @property
+    def need_attn(self) -> bool:
+        """Whether forward() returns alignments (B x T x S, fairseq's "attn").
+
+        As in fairseq's LSTMDecoder they are there by default in eval mode, so
+        callers such as SequenceGeneratorWithAlignment get them without asking,
+        but not in training mode: no criterion reads them, and for memory
+        attention they cost an extra B x T x K x S product (beta x alpha^T,
+        Sec. 5) that the fixed-size memory otherwise avoids. fairseq-generate
+        and fairseq-interactive switch them on or off through
+        make_generation_fast_ (--print-alignment). The flag lives in the
+        attention, which both halves share: the encoder keeps alpha for it.
+        """
+        return self.attention.keep_alignment
+
+    @need_attn.setter
+    def need_attn(self, value: bool) -> None:
+        self.attention.keep_alignment = value
 
     def initial_state(self, encoder_out):
         init = torch.tanh(self.bridge(encoder_out["final_state"]))
@@ -276,12 +300,8 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         if need_attn and self.attention.context_dim == 0:
-            raise ValueError(
-                "--print-alignment needs an attention to align with, but this model was "
-                "trained with --attention-type none"
-            )
+            raise ValueError(NO_ALIGNMENT)
         self.need_attn = need_attn
-        self.attention.keep_alignment = need_attn
 
 
 @register_model("memattn_lstm")
@@ -319,9 +339,9 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
                             action="store_false", default=argparse.SUPPRESS,
                             help="turn position encodings off")
         parser.add_argument("--memory-position-max-len", type=int, metavar="S",
-                            help="S of Eq. 10, the longest source the position encodings cover "
-                                 "(default: --max-source-positions); set it to your data's longest "
-                                 "source, since for s << S the encodings are nearly flat")
+                            help="S of Eq. 10, the longest source (tokens, EOS included) the position "
+                                 "encodings cover; default: the longest source of the training data, "
+                                 "read when the model is built for training and kept in the checkpoint")
         parser.add_argument("--max-source-positions", type=int, metavar="N")
         parser.add_argument("--max-target-positions", type=int, metavar="N")
 
@@ -329,12 +349,15 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         base_architecture(args)
         check_sizes(args)
+        if (args.attention_type == "memory" and args.memory_position_encoding
+                and args.memory_position_max_len is None):
+            # Stored in args, so the checkpoint keeps the S the model was trained with.
+            args.memory_position_max_len = longest_training_source(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
         attention = build_attention(args, encoder_dim, args.decoder_hidden_size)
         encoder = MemAttnEncoder(
             task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
             args.encoder_layers, args.dropout, attention,
-            left_pad=getattr(args, "left_pad_source", True),
             max_source_positions=args.max_source_positions,
         )
         decoder = MemAttnDecoder(
@@ -356,10 +379,79 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
                                            archive_map=cls.hub_models(), **kwargs)
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
+    @property
+    def full_context_alignment(self) -> bool:
+        """Read by fairseq's SequenceGeneratorWithAlignment (and nothing else in
+        fairseq) before it reads the hypotheses' alignments: a model without
+        attention stops it here with a clear message instead of an IndexError
+        on the alignment it does not have. Ours come from decoding, as fairseq's
+        LSTM's do."""
+        if self.decoder.attention.context_dim == 0:
+            raise ValueError(NO_ALIGNMENT)
+        return False
+
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         if strict:
             check_checkpoint_fits(state_dict, self.state_dict())
         return super().load_state_dict(state_dict, strict, model_cfg, args)
+
+
+def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Source and target sizes (EOS included, as fairseq counts them) of a
+    split: from the task if it can tell them without making the examples (our
+    copy_task), else from its dataset (fairseq's translation task and every task
+    built on LanguagePairDataset: the binarized data's index, one pass per data
+    shard)."""
+    if hasattr(task, "source_target_sizes"):
+        return task.source_target_sizes(split)
+    if not hasattr(task, "load_dataset"):
+        raise ValueError("it has no datasets")
+    data = getattr(getattr(task, "cfg", None), "data", None)
+    shards = len(utils.split_paths(data)) if data else 1
+    sources, targets = [], []
+    for epoch in range(1, shards + 1):
+        task.load_dataset(split, epoch=epoch, combine=True)
+        dataset = task.datasets.pop(split)  # fairseq-train loads it again, per epoch
+        if getattr(dataset, "src_sizes", None) is None:
+            raise ValueError(f"its {split!r} dataset ({type(dataset).__name__}) has no source sizes")
+        sources.append(dataset.src_sizes)
+        if getattr(dataset, "tgt_sizes", None) is not None:
+            targets.append(dataset.tgt_sizes)
+    return np.concatenate(sources), np.concatenate(targets) if targets else None
+
+
+def longest_training_source(args, task) -> int:
+    """S of Eq. 10 as the paper defines it: the longest source sequence of the
+    training data, EOS included, among the pairs fairseq trains on (sources up
+    to --max-source-positions, targets up to --max-target-positions).
+
+    A fixed default would not do: with S much longer than the sentences
+    (s << S) the first K-1 rows of Eq. 10 are nearly flat, a different model
+    from the paper's. Where the training data cannot be read, stop and say
+    what to pass.
+    """
+    split = getattr(args, "train_subset", "train")
+    try:
+        sources, targets = source_target_sizes(task, split)
+        kept = sources <= args.max_source_positions
+        if targets is not None:
+            kept &= targets <= args.max_target_positions
+        if not kept.any():
+            raise ValueError(f"no pair of its {split!r} split fits --max-source-positions "
+                             f"{args.max_source_positions} / --max-target-positions "
+                             f"{args.max_target_positions}")
+    except (FileNotFoundError, NotImplementedError, ValueError) as reason:
+        raise ValueError(
+            f"--memory-position-encoding needs S of Eq. 10, the longest source the model trains "
+            f"on, and it could not be read from the training data of task "
+            f"{type(task).__name__} ({reason}): pass --memory-position-max-len S with the number "
+            f"of tokens of your longest training source, EOS included (fairseq-preprocess's "
+            f"binarized length), or --no-memory-position-encoding"
+        ) from reason
+    longest = int(sources[kept].max())
+    logger.info(f"position encodings (Eq. 10): S = {longest}, the longest source of the {split!r} "
+                f"split (EOS included); kept in the checkpoint as --memory-position-max-len {longest}")
+    return longest
 
 
 def _dim(state, name, dim):

@@ -84,9 +84,9 @@ for_every_model = pytest.mark.parametrize(
 
 
 def build_every_model(dictionary, attention_type, input_feeding):
-    """The model for_every_model stands for; memory attention with position encodings (Eq. 8-10)."""
+    """The model for_every_model stands for; memory attention with position encodings (Eq. 8-10, S = 10)."""
     return build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
-                       memory_position_encoding=attention_type == "memory")
+                       memory_position_encoding=attention_type == "memory", memory_position_max_len=10)
 
 
 def left_padded_batch(dictionary, sentences):

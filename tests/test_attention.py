@@ -136,12 +136,18 @@ def test_source_longer_than_position_encoding_maximum(dictionary):
     with pytest.raises(ValueError, match=r"source length 6 exceeds the position-encoding maximum S = 4 "
                                          r"\(--memory-position-max-len\)"):
         model.encoder(tokens, lengths)
-    assert build_model(dictionary, attention_type="memory", memory_position_encoding=True,
-                       max_source_positions=5).encoder.attention.position_encoding_max_len == 5
+
+
+def test_position_encodings_without_training_data_name_the_option(dictionary):
+    """A task whose training data cannot be read (here: not a fairseq task at
+    all) gets no silent default S: the error says what to pass."""
+    with pytest.raises(ValueError, match=r"--memory-position-encoding needs S of Eq. 10, .* pass "
+                                         r"--memory-position-max-len S with the number of tokens of "
+                                         r"your longest training source, EOS included"):
+        build_model(dictionary, attention_type="memory", memory_position_encoding=True)
 
 
 @pytest.mark.parametrize("overrides, source_limit", [
-    ({"memory_position_encoding": True}, 20),
     ({"memory_position_encoding": True, "memory_position_max_len": 12}, 12),
     ({"memory_position_encoding": True, "memory_position_max_len": 30}, 20),
     ({"memory_position_encoding": False, "memory_position_max_len": 12}, 20),

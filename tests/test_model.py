@@ -70,6 +70,7 @@ def test_beam_reordering(dictionary, attention_type, input_feeding):
 def test_fixed_size_memory_carries_no_encoder_states(dictionary, attention_type):
     """What beam search copies every step must not grow with the source length."""
     model = build_model(dictionary, attention_type=attention_type)
+    model.decoder.make_generation_fast_(need_attn=False)  # fairseq-generate without --print-alignment
     sizes = []
     for length in (3, 30):
         tokens, lengths = left_padded_batch(dictionary, [[4] * length])
@@ -98,9 +99,71 @@ def test_alignment_lines_up_with_left_padded_source(dictionary, attention_type):
     torch.testing.assert_close(attn[1, :, -width:], alone_extra["attn"][0][0], atol=1e-5, rtol=1e-5)
 
 
-def test_no_alignment_without_request(dictionary):
+def test_alignments_in_eval_mode_unless_switched_off(dictionary):
+    """As fairseq's LSTM: alignments by default in eval mode; none in training
+    (no criterion reads them) nor after make_generation_fast_(need_attn=False),
+    and then the memory keeps no alpha either."""
     model = build_model(dictionary, attention_type="memory")
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    with torch.no_grad():
+        _, extra = model(tokens, lengths, PREV_OUTPUT)
+    assert extra["attn"][0].shape == (3, PREV_OUTPUT.size(1), tokens.size(1))
+    model.train()
     _, extra = model(tokens, lengths, PREV_OUTPUT)
-    assert extra["attn"][0] is None
-    assert "alpha" not in model.encoder(tokens, lengths)["memory"]
+    assert extra["attn"][0] is None and "alpha" not in model.encoder(tokens, lengths)["memory"]
+    model.eval()
+    model.decoder.make_generation_fast_(need_attn=False)
+    _, extra = model(tokens, lengths, PREV_OUTPUT)
+    assert extra["attn"][0] is None and "alpha" not in model.encoder(tokens, lengths)["memory"]
+
+
+def generate_with_alignment(model, dictionary, tokens, lengths):
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+    generator = SequenceGeneratorWithAlignment([model], dictionary, beam_size=2, max_len_b=6)
+    sample = {"id": torch.arange(tokens.size(0)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    return generator.generate([model], sample)
+
+
+def test_sequence_generator_with_alignment_gets_beta_alpha_transposed(dictionary, monkeypatch):
+    """fairseq's SequenceGeneratorWithAlignment, without make_generation_fast_,
+    gets memory attention's alignments: beta x alpha^T (Sec. 5), here checked
+    against alpha (Eq. 5) and beta (Eq. 7) computed by hand from the states
+    the model attends with."""
+    model = build_model(dictionary, attention_type="memory", memory_k=3)
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    hypos = generate_with_alignment(model, dictionary, tokens, lengths)
+
+    attention = model.encoder.attention
+    seen = {}
+    build_memory, lookup = attention.build_memory, attention.lookup
+    monkeypatch.setattr(attention, "build_memory",
+                        lambda states, mask: seen.update(states=states) or build_memory(states, mask))
+    monkeypatch.setattr(attention, "lookup",
+                        lambda memory, query: seen.update(query=query) or lookup(memory, query))
+    W_alpha, W_beta = attention.W_alpha.weight, attention.W_beta.weight
+    for row, sentence in enumerate(SOURCES):
+        best = hypos[row][0]
+        assert "alignment" in best
+        # Teacher-force the hypothesis for the states and decoder queries, the sentence alone.
+        alone_tokens, alone_lengths = left_padded_batch(dictionary, [sentence])
+        prev = torch.cat([torch.tensor([dictionary.eos()]), best["tokens"][:-1]]).unsqueeze(0)
+        with torch.no_grad():
+            model(alone_tokens, alone_lengths, prev)
+        states, queries = seen["states"][0], seen["query"][0]
+        expected = torch.zeros(len(best["tokens"]), tokens.size(1))
+        offset = tokens.size(1) - len(states)  # left padding of this row in the batch
+        for i, h in enumerate(queries):
+            beta = torch.softmax(W_beta @ h, 0)
+            for t, s in enumerate(states):
+                alpha = torch.softmax(W_alpha @ s, 0)
+                expected[i, offset + t] = sum(beta[k] * alpha[k] for k in range(3))
+        torch.testing.assert_close(best["attention"].T, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sequence_generator_with_alignment_refuses_no_attention(dictionary):
+    model = build_model(dictionary, attention_type="none")
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    with pytest.raises(ValueError, match="needs an attention to align with, but this model was "
+                                         "trained with --attention-type none"):
+        generate_with_alignment(model, dictionary, tokens, lengths)
