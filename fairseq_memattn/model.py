@@ -301,7 +301,8 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
     def make_generation_fast_(self, need_attn=False, **kwargs):
         if need_attn and self.attention.context_dim == 0:
             raise ValueError(NO_ALIGNMENT)
-        self.need_attn = need_attn
+        # fairseq passes print_alignment itself, None when it is not given: that is a "no".
+        self.need_attn = bool(need_attn)
 
 
 @register_model("memattn_lstm")
