@@ -49,6 +49,19 @@ MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att"]
 # the four at L = 20, K = 16 in the 3,000-update sweep (0.017, softmax/softmax 0.18).
 SCORINGS = [("sigmoid", "sigmoid"), ("sigmoid", "softmax"), ("softmax", "sigmoid"), ("softmax", "softmax")]
 
+
+def cpu_training(units, embed, lr, batch, cap, patience, every):
+    """fairseq-train options of a CPU preset: smaller model, no dropout, Adam with clipping at 1,
+    validation (and a checkpoint) every `every` updates and none at epoch ends, so that `patience`
+    counts evenly spaced validations; stop after `patience` without a new best or at `cap`."""
+    return ["--encoder-hidden-size", str(units), "--decoder-hidden-size", str(units),
+            "--encoder-embed-dim", str(embed), "--decoder-embed-dim", str(embed), "--dropout", "0",
+            "--optimizer", "adam", "--lr", lr, "--clip-norm", "1", "--batch-size", str(batch),
+            "--max-update", str(cap), "--patience", str(patience), "--validate-interval-updates", str(every),
+            "--save-interval-updates", str(every), "--validate-interval", "1000", "--save-interval", "1000",
+            "--keep-interval-updates", "1", "--cpu"]
+
+
 PRESETS = {
     # Sec. 4.1: 2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, dropout 0.2 (the
     # architecture defaults), Adam 1e-4, batch 128, up to 200k steps, 100k/1k examples.
@@ -61,29 +74,19 @@ PRESETS = {
     ),
     # CPU: half-size model (2x128 units, 64-d embeddings), no dropout, Adam 1e-3 (10x the paper's:
     # at 3e-3 validation loss jumped up to 6x between validations and Att diverged at L = 50),
-    # clipping at 1, batch 64. Validation every 500 updates (no extra one at epoch ends); a run
-    # stops after 5 validations (2,500 updates) without a new best, or at 12,000 updates.
+    # batch 64. Validation every 500 updates; a run stops after 5 validations (2,500 updates)
+    # without a new best, or at 12,000 updates.
     "cpu": dict(
         lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[],
         sizes="the CPU preset's: 2x128 units, 64-d embeddings, no dropout (the paper: 2x256, 256-d, 0.2)",
-        train=["--encoder-hidden-size", "128", "--decoder-hidden-size", "128",
-               "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--dropout", "0",
-               "--optimizer", "adam", "--lr", "1e-3", "--clip-norm", "1", "--batch-size", "64",
-               "--max-update", "12000", "--patience", "5", "--validate-interval-updates", "500",
-               "--save-interval-updates", "500", "--validate-interval", "1000", "--save-interval", "1000",
-               "--keep-interval-updates", "1", "--cpu"],
+        train=cpu_training(units=128, embed=64, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
     ),
     # Seconds per run, for the tests: 8 units, L = 6, 512 training examples.
     "tiny": dict(
         lengths=[6], seeds=2, fig3b_k=1,
         copy=["--copy-train-size", "512", "--copy-valid-size", "64", "--copy-test-size", "32"],
         sizes="tiny (tests only): 2x8 units, 8-d embeddings",
-        train=["--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
-               "--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--dropout", "0",
-               "--optimizer", "adam", "--lr", "1e-2", "--clip-norm", "1", "--batch-size", "16",
-               "--max-update", "64", "--patience", "2", "--validate-interval-updates", "8",
-               "--save-interval-updates", "8", "--validate-interval", "1000", "--save-interval", "1000",
-               "--keep-interval-updates", "1", "--cpu"],
+        train=cpu_training(units=8, embed=8, lr="1e-2", batch=16, cap=64, patience=2, every=8),
     ),
 }
 
@@ -112,7 +115,7 @@ def run_name(length, model, scoring, seed):
     return f"{name}_s{seed}"
 
 
-def run_order(lengths, models, seeds, fig3b_k):
+def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
     """Runs (L, model, scoring or None, seed) in the order they are trained; a scoring of
     "chosen" is filled in by selection once seed 1's four combinations have finished.
 
@@ -127,7 +130,7 @@ def run_order(lengths, models, seeds, fig3b_k):
         memory = [m for m in models if is_memory(m)]
         lead = [m for m in memory if m == f"K={fig3b_k}"]
         rest = [m for m in memory if m not in lead]
-        first, others = SCORINGS[0], SCORINGS[1:]
+        first, others = scorings[0], scorings[1:]
         runs = [(length, m, first, 1) for m in lead]
         runs += [(length, m, None, 1) for m in ("Att", "No Att") if m in models]
         runs += [(length, m, s, 1) for m in lead for s in others]
@@ -330,6 +333,9 @@ def main(argv=None):
     parser.add_argument("--out", default="results/copy/converged")
     parser.add_argument("--lengths", type=int, nargs="+", help="override the preset's lengths")
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--scorings", nargs="+", default=[f"{e}/{d}" for e, d in SCORINGS],
+                        choices=[f"{e}/{d}" for e, d in SCORINGS],
+                        help="encoder/decoder scoring combinations to select from (default: all four)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="training seeds (default: 1..the preset's count); the first selects the scoring")
     args = parser.parse_args(argv)
@@ -342,11 +348,12 @@ def main(argv=None):
     if seeds[0] != 1 or len(set(seeds)) != len(seeds):
         parser.error(f"--seeds: {seeds} (must start with 1, which selects the scoring, and not repeat)")
     models = [m for m in MODELS if m in args.models]
+    scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
     os.makedirs(args.out, exist_ok=True)
     command = shlex.join(["python", "recipes/copy/sweep.py", *(sys.argv[1:] if argv is None else argv)])
 
     results = {}
-    for length, model, scoring, seed in run_order(lengths, models, seeds, preset["fig3b_k"]):
+    for length, model, scoring, seed in run_order(lengths, models, seeds, preset["fig3b_k"], scorings):
         if scoring == "chosen":
             scoring = choose_scoring(results, length, model)
             if scoring is None:
