@@ -88,7 +88,8 @@ def test_selection_seeds_and_tables(tmp_path):
     assert "**0.100 / 99.00 (converged at 1000)**" in scoring and scoring.count("**0.") == 1
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
     assert len(rows) == 7
-    chosen = [(r["encoder_score"], r["decoder_score"], r["seed"]) for r in rows if r["chosen"] == "1" and r["model"] == "K=4"]
+    chosen = [(r["encoder_score"], r["decoder_score"], r["seed"])
+              for r in rows if r["chosen"] == "1" and r["model"] == "K=4"]
     assert chosen == [("sigmoid", "softmax", "1"), ("sigmoid", "softmax", "2"), ("sigmoid", "softmax", "3")]
 
 
