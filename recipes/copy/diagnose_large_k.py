@@ -3,9 +3,10 @@
 
     OMP_NUM_THREADS=1 python recipes/copy/diagnose_large_k.py --out results/copy/large_k_diagnosis.csv
 
-Trains the copy task briefly (L = 20, the 3,000-update CPU preset's model and optimiser: 2x128
-units, 64-d embeddings, Adam 3e-3, clipping at 1, batch 64) for each K and encoder normalisation,
-and logs every --every updates, averaged over those updates:
+Trains the copy task briefly (by default L = 20 and the 3,000-update CPU preset's model and
+optimiser: 2x128 units, 64-d embeddings, Adam 3e-3, clipping at 1, batch 64) for each K, encoder
+normalisation and scoring combination (default softmax/softmax), and logs every --every updates,
+averaged over those updates:
   * loss (base 2, per target token, as fairseq logs it);
   * |C_k|: the mean L2 norm of the memory's rows C_k = sum_t alpha_tk s_t (Eq. 4), and the mean
     alpha mass of a row, sum_t alpha_tk (|S|/K on average when alpha is a softmax over contexts);
@@ -32,12 +33,13 @@ GROUPS = ["encoder.embed_tokens", "encoder.lstm", "encoder.attention.W_alpha", "
           "decoder.embed_tokens", "decoder.bridge", "decoder.lstm", "decoder.output_projection"]
 
 
-def build(k, normalize, length, seed, lr):
+def build(k, normalize, scores, length, seed, lr):
     plugin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fairseq_memattn")
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
         "--user-dir", plugin, "--task", "copy_task", "--copy-max-len", str(length),
         "--arch", "lstm_memattn", "--memory-k", str(k), "--memory-encoder-normalize", normalize,
+        "--memory-encoder-score", scores[0], "--memory-decoder-score", scores[1],
         "--encoder-hidden-size", "128", "--decoder-hidden-size", "128", "--encoder-embed-dim", "64",
         "--decoder-embed-dim", "64", "--dropout", "0", "--optimizer", "adam", "--lr", str(lr),
         "--batch-size", "64", "--seed", str(seed), "--cpu"])
@@ -78,8 +80,8 @@ def instrument(model, stats):
     attention.build_memory, attention.lookup = recording_build_memory, recording_lookup
 
 
-def train(k, normalize, args):
-    model, batches = build(k, normalize, args.length, args.seed, args.lr)
+def train(k, normalize, scores, args):
+    model, batches = build(k, normalize, scores, args.length, args.seed, args.lr)
     stats = {}
     instrument(model, stats)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -106,7 +108,7 @@ def train(k, normalize, args):
         stats["loss"].append(loss.item() / math.log(2))
         optimizer.step()
         if update % args.every == 0:
-            row = dict(K=k, normalize=normalize, lr=args.lr, clip=args.clip, updates=update,
+            row = dict(K=k, normalize=normalize, scores="/".join(scores), L=args.length, lr=args.lr, clip=args.clip, updates=update,
                        seconds=round(time.time() - start),
                        **{name: sum(v) / len(v) for name, v in stats.items()})
             rows.append(row)
@@ -119,6 +121,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     parser.add_argument("--normalize", nargs="+", default=["contexts", "time"], choices=["contexts", "time"])
+    parser.add_argument("--scores", nargs="+", default=["softmax/softmax"],
+                        choices=["softmax/softmax", "softmax/sigmoid", "sigmoid/softmax", "sigmoid/sigmoid"],
+                        help="encoder/decoder scoring functions")
     parser.add_argument("--length", type=int, default=20)
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--every", type=int, default=50)
@@ -130,13 +135,14 @@ def main(argv=None):
     if args.updates < args.every or args.every < 1:
         parser.error(f"--updates {args.updates} / --every {args.every}: need 1 <= every <= updates")
     rows = []
-    for normalize in args.normalize:
-        for k in args.ks:
-            rows += train(k, normalize, args)
-            with open(args.out, "w", newline="") as f:  # after every configuration
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
+    for scores in args.scores:
+        for normalize in args.normalize:
+            for k in args.ks:
+                rows += train(k, normalize, tuple(scores.split("/")), args)
+                with open(args.out, "w", newline="") as f:  # after every configuration
+                    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                    writer.writeheader()
+                    writer.writerows(rows)
 
 
 if __name__ == "__main__":
