@@ -1,21 +1,33 @@
 #!/usr/bin/env python
 """Reproduce the paper's Table 1 and Figure 3 on the copy task.
 
-    python recipes/copy/sweep.py --preset cpu --out results/copy      # L in {20, 50}, ~2 h on 2 cores
-    python recipes/copy/sweep.py --preset paper --out results/copy    # the paper's settings (GPU)
+    python recipes/copy/sweep.py --preset cpu --out results/copy/converged     # L in {20, 50, 100}, CPU
+    python recipes/copy/sweep.py --preset paper --out results/copy/paper       # the paper's settings (GPU)
 
-Every run is one call of recipes/copy/train_eval.sh (fairseq-train, fairseq-generate with beam 10,
-scoring); a finished run (its score.json exists) is skipped, so an interrupted sweep resumes.
-Writes OUT/table.md and OUT/table.csv (BLEU, accuracy, decode time, training steps, beside the
-paper's BLEU) and OUT/fig3a.png (validation loss vs steps for each model at one L) and
-OUT/fig3b.png (the four encoder/decoder scoring combinations).
+Every run is one call of recipes/copy/train_eval.sh (fairseq-train, fairseq-generate with beam 10
+and --min-len 0, scoring). As in the paper:
+  * each run trains until its validation loss stops improving (fairseq's --patience, counted in
+    validations) or to the preset's cap on updates; the tables say which, and after how many updates;
+  * a memory row (K = ...) trains the four encoder/decoder scoring combinations with seed 1 and
+    reports the one with the best validation loss ("the best out of the four scoring function
+    combinations on the validation set", Table 2); its other seeds use the chosen combination;
+  * headline rows have several seeds (--seeds): mean, standard deviation and range.
+Resumable: a run with a score.json is skipped, a run whose training finished is only decoded again,
+and an interrupted run resumes from its checkpoint_last.pt, its train.log appended. Runs are ordered
+so the most informative land first (see ``run_order``); the tables are rewritten after every run.
+Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/scoring.md (all four
+combinations per memory row: Fig. 3b / Fig. 5), OUT/fig3a.png (validation loss at the longest L)
+and OUT/fig3b.png (the four combinations at the longest L).
 """
 
 import argparse
 import csv
 import json
+import math
 import os
 import re
+import shlex
+import statistics
 import subprocess
 import sys
 
@@ -33,91 +45,251 @@ PAPER = {
           "K=32": (100.00, 9.59), "K=64": (100.00, 9.78), "Att": (100.00, 14.28)},
 }
 MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att"]
+# (encoder score, decoder score). The first is trained first: it had the best validation loss of
+# the four at L = 20, K = 16 in the 3,000-update sweep (0.017, softmax/softmax 0.18).
+SCORINGS = [("sigmoid", "sigmoid"), ("sigmoid", "softmax"), ("softmax", "sigmoid"), ("softmax", "softmax")]
+
+
+def cpu_training(units, embed, lr, batch, cap, patience, every):
+    """fairseq-train options of a CPU preset: smaller model, no dropout, Adam with clipping at 1,
+    validation (and a checkpoint) every `every` updates and none at epoch ends, so that `patience`
+    counts evenly spaced validations; stop after `patience` without a new best or at `cap`."""
+    return ["--encoder-hidden-size", str(units), "--decoder-hidden-size", str(units),
+            "--encoder-embed-dim", str(embed), "--decoder-embed-dim", str(embed), "--dropout", "0",
+            "--optimizer", "adam", "--lr", lr, "--clip-norm", "1", "--batch-size", str(batch),
+            "--max-update", str(cap), "--patience", str(patience), "--validate-interval-updates", str(every),
+            "--save-interval-updates", str(every), "--validate-interval", "1000", "--save-interval", "1000",
+            "--keep-interval-updates", "1", "--cpu"]
+
 
 PRESETS = {
     # Sec. 4.1: 2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, dropout 0.2 (the
     # architecture defaults), Adam 1e-4, batch 128, up to 200k steps, 100k/1k examples.
     "paper": dict(
-        lengths=[20, 50, 100, 200],
+        lengths=[20, 50, 100, 200], seeds=3, fig3b_k=32, copy=[],
+        sizes="the paper's (Sec. 4.1)",
         train=["--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "200000",
                "--validate-interval-updates", "2000", "--save-interval-updates", "2000",
                "--keep-interval-updates", "1"],
-        fig3a_length=200, fig3b=(200, 32),
     ),
-    # CPU: half-size model (2x128 units, 64-d embeddings), no dropout, a 30x larger learning rate
-    # and 3,000 steps of batch 64, so that L <= 50 finishes in about 2 hours on 2 cores.
+    # CPU: half-size model (2x128 units, 64-d embeddings), no dropout, Adam 1e-3 (10x the paper's:
+    # at 3e-3 validation loss jumped up to 6x between validations and Att diverged at L = 50),
+    # batch 64. Validation every 500 updates; a run stops after 5 validations (2,500 updates)
+    # without a new best, or at 12,000 updates.
     "cpu": dict(
-        lengths=[20, 50],
-        train=["--encoder-hidden-size", "128", "--decoder-hidden-size", "128",
-               "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--dropout", "0",
-               "--optimizer", "adam", "--lr", "3e-3", "--clip-norm", "1", "--batch-size", "64",
-               "--max-update", "3000", "--validate-interval-updates", "300",
-               "--save-interval-updates", "300", "--keep-interval-updates", "1", "--cpu"],
-        fig3a_length=50, fig3b=(20, 16),
+        lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[],
+        sizes="the CPU preset's: 2x128 units, 64-d embeddings, no dropout (the paper: 2x256, 256-d, 0.2)",
+        train=cpu_training(units=128, embed=64, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
+    ),
+    # Seconds per run, for the tests: 8 units, L = 6, 512 training examples.
+    "tiny": dict(
+        lengths=[6], seeds=2, fig3b_k=1,
+        copy=["--copy-train-size", "512", "--copy-valid-size", "64", "--copy-test-size", "32"],
+        sizes="tiny (tests only): 2x8 units, 8-d embeddings",
+        train=cpu_training(units=8, embed=8, lr="1e-2", batch=16, cap=64, patience=2, every=8),
     ),
 }
 
 
-def model_args(model):
+def paper_bleu(length, model):
+    return PAPER[length][model][0] if length in PAPER else ""
+
+
+def is_memory(model):
+    return model.startswith("K=")
+
+
+def model_args(model, scoring=None):
     if model == "No Att":
         return ["--arch", "lstm_noatt"]
     if model == "Att":
         return ["--arch", "lstm_att"]
-    return ["--arch", "lstm_memattn", "--memory-k", model.split("=")[1]]
+    return ["--arch", "lstm_memattn", "--memory-k", model.split("=")[1],
+            "--memory-encoder-score", scoring[0], "--memory-decoder-score", scoring[1]]
 
 
-def run_name(length, model, scores=("softmax", "softmax")):
+def run_name(length, model, scoring, seed):
     name = f"L{length}_{model.replace(' ', '').replace('=', '')}"
-    return name if scores == ("softmax", "softmax") else f"{name}_{scores[0]}-{scores[1]}"
+    if scoring:
+        name += f"_{scoring[0]}-{scoring[1]}"
+    return f"{name}_s{seed}"
 
 
-def run(out, name, length, args, preset, seed):
-    run_dir = os.path.join(out, "runs", name)
-    if os.path.exists(os.path.join(run_dir, "score.json")):
-        print(f"== {name}: done already, skipped", flush=True)
-    else:
-        print(f"== {name}: training", flush=True)
-        env = {**os.environ, "COPY_ARGS": f"--copy-max-len {length}"}
-        subprocess.run([os.path.join(HERE, "train_eval.sh"), run_dir, *args, *PRESETS[preset]["train"],
-                        "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"],
-                       env=env, check=True)
-    return read_run(run_dir)
+def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
+    """Runs (L, model, scoring or None, seed) in the order they are trained; a scoring of
+    "chosen" is filled in by selection once seed 1's four combinations have finished.
+
+    1. Longest L, seed 1: K = fig3b_k, Att, No Att, the other three combinations of K = fig3b_k
+       (Fig. 3b), then every other K with the first combination: a first version of every row;
+       then the remaining combinations of the other K (selection complete).
+    2. Shortest L, seed 1, in the same order (the cheapest runs: does any row collapse?).
+    3. Longest L, seeds 2..: the headline rows' spread (memory rows: the chosen combination).
+    4. The other lengths (ascending), seed 1; then seeds 2.. of every length but the longest.
+    """
+    def seed1(length):
+        memory = [m for m in models if is_memory(m)]
+        lead = [m for m in memory if m == f"K={fig3b_k}"]
+        rest = [m for m in memory if m not in lead]
+        first, others = scorings[0], scorings[1:]
+        runs = [(length, m, first, 1) for m in lead]
+        runs += [(length, m, None, 1) for m in ("Att", "No Att") if m in models]
+        runs += [(length, m, s, 1) for m in lead for s in others]
+        runs += [(length, m, first, 1) for m in rest]
+        runs += [(length, m, s, 1) for m in rest for s in others]
+        return runs
+
+    def more_seeds(length):
+        return [(length, m, "chosen" if is_memory(m) else None, seed) for seed in seeds[1:] for m in models]
+
+    longest, shorter = max(lengths), sorted(set(lengths) - {max(lengths)})
+    order = seed1(longest) + (seed1(shorter[0]) if shorter else []) + more_seeds(longest)
+    for length in shorter[1:]:
+        order += seed1(length)
+    for length in shorter:
+        order += more_seeds(length)
+    return order
+
+
+def read_train_log(path):
+    """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
+    how training stopped ("converged": --patience; "cap": --max-update; None: not finished),
+    the updates done, and the cumulative wall-clock seconds (fairseq restores its meters on resume)."""
+    curve, stopped, wall, finished = {}, None, 0.0, False
+    with open(path) as f:
+        for line in f:
+            m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
+            if m:
+                curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
+            m = re.search(r"\bwall=([\d.]+)", line) or re.search(r"\| wall ([\d.]+)", line)
+            if m:
+                wall = float(m.group(1))
+            if "early stop since valid performance hasn't improved" in line:
+                stopped = "converged"
+            elif "Stopping training due to num_updates" in line:
+                stopped = stopped or "cap"
+            elif "fairseq_cli.train | {" in line:  # a (re)start: an earlier stop does not count
+                stopped, finished = None, False
+            elif "done training in" in line:
+                finished = True
+    curve = sorted(curve.items())
+    best = min(curve, key=lambda point: point[1]) if curve else (0, math.nan)
+    return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
+                best_update=best[0], best_valid_loss=best[1], train_seconds=wall)
 
 
 def read_run(run_dir):
     with open(os.path.join(run_dir, "score.json")) as f:
         result = json.load(f)
-    curve = []  # (updates, validation loss)
-    with open(os.path.join(run_dir, "train.log")) as f:
-        for line in f:
-            m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
-            if m:
-                curve.append((int(m.group(2)), float(m.group(1))))
-    with open(os.path.join(run_dir, "train.log")) as f:
-        trained = re.search(r"done training in ([\d.]+) seconds", f.read())
+    result.update(read_train_log(os.path.join(run_dir, "train.log")))
     with open(os.path.join(run_dir, "generate.log")) as f:
         m = re.search(r"Translated [\d,]+ sentences .* in ([\d.]+)s", f.read())
-    result.update(curve=curve, steps=curve[-1][0] if curve else 0,
-                  train_seconds=float(trained.group(1)) if trained else float("nan"),
-                  decode_seconds=float(m.group(1)) if m else float("nan"))
+    result["decode_seconds"] = float(m.group(1)) if m else math.nan
     return result
 
 
-def write_table(out, rows):
-    fields = ["L", "model", "bleu", "accuracy", "decode_seconds", "steps", "train_seconds",
-              "paper_bleu", "paper_seconds"]
+def train_and_score(run_dir, length, args, preset, seed):
+    """One run through train_eval.sh; False if it failed (the sweep goes on, a restart retries it)."""
+    log = os.path.join(run_dir, "train.log")
+    trained = os.path.exists(log) and read_train_log(log)["stopped"] is not None
+    print(f"== {os.path.basename(run_dir)}: {'decoding' if trained else 'training'}", flush=True)
+    copy_args = " ".join([f"--copy-max-len {length}", *PRESETS[preset]["copy"]])
+    env = {**os.environ, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
+    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *args, *PRESETS[preset]["train"],
+               "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
+    if subprocess.run(command, env=env).returncode != 0:
+        print(f"== {os.path.basename(run_dir)}: FAILED (see its train.log / generate.log)", flush=True)
+        return False
+    return True
+
+
+def choose_scoring(results, length, model):
+    """The combination with the lowest best validation loss among seed 1's finished ones."""
+    done = {s: results[(length, model, s, 1)] for s in SCORINGS if (length, model, s, 1) in results}
+    return min(done, key=lambda s: done[s]["best_valid_loss"]) if done else None
+
+
+def spread(values):
+    if not values:
+        return ""
+    mean = statistics.mean(values)
+    if len(values) == 1:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {statistics.stdev(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def headline_rows(results, lengths, models):
+    rows = []
+    for length in sorted(lengths):
+        for model in models:
+            scoring = choose_scoring(results, length, model) if is_memory(model) else None
+            if is_memory(model) and scoring is None:
+                continue
+            runs = [r for (L, m, s, _), r in sorted(results.items(), key=lambda kv: kv[0][3])
+                    if L == length and m == model and s == scoring]
+            if not runs:
+                continue
+            n_scorings = sum((length, model, s, 1) in results for s in SCORINGS)
+            rows.append(dict(
+                L=length, model=model, runs=runs,
+                scoring=f"{scoring[0]}/{scoring[1]} (of {n_scorings})" if scoring else "",
+                bleu=spread([r["bleu"] for r in runs]),
+                accuracy=spread([r["accuracy"] for r in runs]),
+                stopped=", ".join(f"{r['stopped']} at {r['updates']}" for r in runs),
+                valid_loss=", ".join(f"{r['best_valid_loss']:.3f}" for r in runs),
+                decode=spread([r["decode_seconds"] for r in runs]),
+                paper=paper_bleu(length, model)))
+    return rows
+
+
+def write_tables(out, results, lengths, models, preset, command):
+    chosen = {(L, m): choose_scoring(results, L, m) for L in lengths for m in models if is_memory(m)}
+    fields = ["L", "model", "encoder_score", "decoder_score", "seed", "chosen", "bleu", "accuracy",
+              "stopped", "updates", "best_update", "best_valid_loss", "train_seconds", "decode_seconds",
+              "paper_bleu"]
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        writer.writerows(rows)
+        for (L, m, s, seed), r in sorted(results.items(), key=lambda kv: (kv[0][0], MODELS.index(kv[0][1]),
+                                                                          str(kv[0][2]), kv[0][3])):
+            writer.writerow(dict(L=L, model=m, encoder_score=s[0] if s else "", decoder_score=s[1] if s else "",
+                                 seed=seed, chosen=int(s is None or chosen.get((L, m)) == s),
+                                 bleu=r["bleu"], accuracy=r["accuracy"], stopped=r["stopped"],
+                                 updates=r["updates"], best_update=r["best_update"],
+                                 best_valid_loss=r["best_valid_loss"], train_seconds=round(r["train_seconds"]),
+                                 decode_seconds=r["decode_seconds"], paper_bleu=paper_bleu(L, m)))
+
+    settings = PRESETS[preset]
+    header = (f"Made by `{command}`.\n\nModel sizes: {settings['sizes']}. Training: "
+              f"`{' '.join(settings['train'])}`; decoding: beam 10, `--min-len 0`, the checkpoint with the "
+              f"best validation loss, on the test split. 'converged' = stopped by `--patience` "
+              f"(no better validation loss for that many validations), 'cap' = stopped by `--max-update`.\n\n")
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write("| L | model | BLEU | accuracy % | decode s (test, beam 10) | steps | train s "
-                "| paper BLEU | paper s |\n")
-        f.write("|---|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            f.write(f"| {r['L']} | {r['model']} | {r['bleu']:.2f} | {r['accuracy']:.1f} | "
-                    f"{r['decode_seconds']:.1f} | {r['steps']} | {r['train_seconds']:.0f} "
-                    f"| {r['paper_bleu']} | {r['paper_seconds']} |\n")
+        f.write("# Table 1 (copy task): test BLEU\n\n" + header)
+        f.write("Memory rows: the scoring combination (encoder/decoder) with the best validation loss of "
+                "seed 1 among the ones finished (of n); see scoring.md for all four. BLEU and accuracy: "
+                "mean ± standard deviation (min-max) over seeds.\n\n")
+        f.write("| L | model | scoring | seeds | BLEU | accuracy % | stopped at updates | best valid loss "
+                "| decode s | paper BLEU |\n|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in headline_rows(results, lengths, models):
+            f.write(f"| {r['L']} | {r['model']} | {r['scoring']} | {len(r['runs'])} | {r['bleu']} | "
+                    f"{r['accuracy']} | {r['stopped']} | {r['valid_loss']} | {r['decode']} | {r['paper']} |\n")
+
+    with open(os.path.join(out, "scoring.md"), "w") as f:
+        f.write("# Scoring functions (Fig. 3b, Fig. 5): seed 1, every encoder/decoder combination\n\n" + header)
+        f.write("Each cell: best validation loss / test BLEU (stopped at updates); **bold** = chosen.\n\n")
+        f.write("| L | model | " + " | ".join(f"{e}/{d}" for e, d in SCORINGS) + " |\n")
+        f.write("|---|---|" + "---|" * len(SCORINGS) + "\n")
+        for L in sorted(lengths):
+            for m in models:
+                if not is_memory(m) or not any((L, m, s, 1) in results for s in SCORINGS):
+                    continue
+                cells = []
+                for s in SCORINGS:
+                    r = results.get((L, m, s, 1))
+                    cell = (f"{r['best_valid_loss']:.3f} / {r['bleu']:.2f} ({r['stopped']} at {r['updates']})"
+                            if r else "")
+                    cells.append(f"**{cell}**" if r and chosen[(L, m)] == s else cell)
+                f.write(f"| {L} | {m} | " + " | ".join(cells) + " |\n")
 
 
 def plot_curves(path, title, curves):
@@ -132,53 +304,69 @@ def plot_curves(path, title, curves):
             ax.plot(*zip(*curve), marker=".", label=label)
     ax.set(xlabel="training steps", ylabel="validation loss (base 2)", yscale="log", title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def write_figures(out, results, lengths, models, fig3b_k):
+    longest = max(lengths)
+    fig3a = {}
+    for m in models:
+        scoring = choose_scoring(results, longest, m) if is_memory(m) else None
+        r = results.get((longest, m, scoring, 1))
+        if r:
+            fig3a[f"{m}" + (f" ({scoring[0]}/{scoring[1]})" if scoring else "")] = r["curve"]
+    fig3b = {f"encoder {s[0]}, decoder {s[1]} (BLEU {r['bleu']:.1f})": r["curve"]
+             for s in SCORINGS for r in [results.get((longest, f"K={fig3b_k}", s, 1))] if r}
+    if fig3a:
+        plot_curves(os.path.join(out, "fig3a.png"), f"Fig. 3a: copy task, L = {longest}, seed 1", fig3a)
+    if fig3b:
+        plot_curves(os.path.join(out, "fig3b.png"),
+                    f"Fig. 3b: scoring functions, L = {longest}, K = {fig3b_k}, seed 1", fig3b)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--out", default="results/copy")
+    parser.add_argument("--out", default="results/copy/converged")
     parser.add_argument("--lengths", type=int, nargs="+", help="override the preset's lengths")
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scorings", nargs="+", default=[f"{e}/{d}" for e, d in SCORINGS],
+                        choices=[f"{e}/{d}" for e, d in SCORINGS],
+                        help="encoder/decoder scoring combinations to select from (default: all four)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="training seeds (default: 1..the preset's count); the first selects the scoring")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     lengths = args.lengths or preset["lengths"]
-    bad = [n for n in lengths if n not in PAPER]
+    bad = [n for n in lengths if n < 1]
     if bad:
-        parser.error(f"--lengths: {bad} not in the paper's grid (choose from {sorted(PAPER)})")
+        parser.error(f"--lengths: {bad} (must be >= 1; the paper's grid is {sorted(PAPER)})")
+    seeds = args.seeds or list(range(1, preset["seeds"] + 1))
+    if seeds[0] != 1 or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds: {seeds} (must start with 1, which selects the scoring, and not repeat)")
+    models = [m for m in MODELS if m in args.models]
+    scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
     os.makedirs(args.out, exist_ok=True)
+    command = shlex.join(["python", "recipes/copy/sweep.py", *(sys.argv[1:] if argv is None else argv)])
 
-    rows, fig3a = [], {}
-    for length in lengths:
-        for model in args.models:
-            result = run(args.out, run_name(length, model), length, model_args(model), args.preset, args.seed)
-            paper_bleu, paper_seconds = PAPER[length][model]
-            rows.append({"L": length, "model": model, **result,
-                         "paper_bleu": paper_bleu, "paper_seconds": paper_seconds})
-            if length == preset["fig3a_length"]:
-                fig3a[model] = result["curve"]
-            write_table(args.out, rows)  # after every run, so progress is visible
-    if fig3a:
-        plot_curves(os.path.join(args.out, "fig3a.png"),
-                    f"Fig. 3a: copy task, L = {preset['fig3a_length']}", fig3a)
-
-    length, k = preset["fig3b"]
-    fig3b = {}
-    for scores in [("softmax", "softmax"), ("softmax", "sigmoid"), ("sigmoid", "softmax"), ("sigmoid", "sigmoid")]:
-        args_k = model_args(f"K={k}") + ["--memory-encoder-score", scores[0], "--memory-decoder-score", scores[1]]
-        result = run(args.out, run_name(length, f"K={k}", scores), length, args_k, args.preset, args.seed)
-        fig3b[f"encoder {scores[0]}, decoder {scores[1]} (BLEU {result['bleu']:.1f})"] = result["curve"]
-        if scores != ("softmax", "softmax"):  # that one is the grid's K=k row
-            rows.append({"L": length, "model": f"K={k}, {scores[0]}/{scores[1]}", **result,
-                         "paper_bleu": "", "paper_seconds": ""})
-            write_table(args.out, rows)
-    plot_curves(os.path.join(args.out, "fig3b.png"),
-                f"Fig. 3b: scoring functions, L = {length}, K = {k}", fig3b)
+    results = {}
+    for length, model, scoring, seed in run_order(lengths, models, seeds, preset["fig3b_k"], scorings):
+        if scoring == "chosen":
+            scoring = choose_scoring(results, length, model)
+            if scoring is None:
+                print(f"== L{length} {model} seed {seed}: no seed-1 run to choose a scoring from, skipped")
+                continue
+        run_dir = os.path.join(args.out, "runs", run_name(length, model, scoring, seed))
+        if os.path.exists(os.path.join(run_dir, "score.json")):
+            print(f"== {os.path.basename(run_dir)}: done already, skipped", flush=True)
+        elif not train_and_score(run_dir, length, model_args(model, scoring), args.preset, seed):
+            continue
+        results[(length, model, scoring, seed)] = read_run(run_dir)
+        write_tables(args.out, results, lengths, models, args.preset, command)  # progress stays visible
+        write_figures(args.out, results, lengths, models, preset["fig3b_k"])
     print(open(os.path.join(args.out, "table.md")).read())
 
 

@@ -3,16 +3,22 @@
 #   usage: COPY_ARGS="--copy-max-len 20" recipes/copy/train_eval.sh OUT_DIR [fairseq-train args...]
 # COPY_ARGS (task options) go to both fairseq-train and fairseq-generate, so both see the same data.
 # Writes OUT_DIR/{train.log,generate.test.txt,score.json}; prints BLEU and exact-match accuracy.
+# Resumable: fairseq-train continues from OUT_DIR/checkpoint_last.pt if there is one, and train.log is
+# appended to, not truncated, so a resumed run's log holds its whole curve. SKIP_TRAIN=1 only decodes
+# and scores OUT_DIR/checkpoint_best.pt (for a run whose training finished).
 set -euo pipefail
 OUT=$1; shift
 PLUGIN=$(cd "$(dirname "$0")/../.." && pwd)/fairseq_memattn
 read -r -a TASK <<< "--task copy_task --user-dir $PLUGIN ${COPY_ARGS:-}"
 mkdir -p "$OUT"
 
-fairseq-train "${TASK[@]}" --save-dir "$OUT" --no-epoch-checkpoints "$@" 2>&1 | tee "$OUT/train.log" \
-  | grep --line-buffered -E "\| (valid|train|train_inner) \||done training"
+if [ -z "${SKIP_TRAIN:-}" ]; then
+  fairseq-train "${TASK[@]}" --save-dir "$OUT" --no-epoch-checkpoints "$@" 2>&1 | tee -a "$OUT/train.log" \
+    | grep --line-buffered -E "\| (valid|train|train_inner) \||done training|early stop|Stopping training"
+fi
 # --required-batch-size-multiple 1: fairseq main drops a last batch smaller than the multiple.
+# --min-len 0: about 1 in L+1 copy examples is empty, which fairseq's default (1) cannot output.
 fairseq-generate "${TASK[@]}" --path "$OUT/checkpoint_best.pt" --gen-subset test --beam 10 \
-  --batch-size 64 --required-batch-size-multiple 1 > "$OUT/generate.test.txt" 2> "$OUT/generate.log"
+  --batch-size 64 --required-batch-size-multiple 1 --min-len 0 > "$OUT/generate.test.txt" 2> "$OUT/generate.log"
 grep -E "Translated" "$OUT/generate.log" | sed -E 's/.*INFO[^ ]* //' || true
 python -m fairseq_memattn.score "$OUT/generate.test.txt" --json | tee "$OUT/score.json"

@@ -1,0 +1,170 @@
+"""recipes/copy/sweep.py: selection of the scoring on validation, convergence detection, resume, tables.
+
+One real sweep of the `tiny` preset (K = 1, two of its scoring combinations, seconds per run) is
+interrupted during its first run, resumed, re-decoded and re-run; the rest checks the log parser
+and the tables on hand-written logs and results.
+"""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, clean_env
+
+sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
+import sweep  # noqa: E402
+
+START = "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}\n"
+
+
+def valid(updates, loss):
+    return (f"2026-01-01 00:00:01 | INFO | valid | epoch 001 | valid on 'valid' subset | loss {loss} "
+            f"| ppl 2 | wps 1 | wpb 1 | bsz 1 | num_updates {updates}\n")
+
+
+def inner(updates, wall):
+    return (f"2026-01-01 00:00:01 | INFO | train_inner | epoch 001:  1 / 9 loss=1, ppl=2, wps=1, ups=1, "
+            f"num_updates={updates}, lr=0.001, gnorm=1, clip=0, train_wall=1, wall={wall}\n")
+
+
+EARLY_STOP = "x | INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 2 runs\n"
+CAP = "x | INFO | fairseq_cli.train | Stopping training due to num_updates: 40 >= max_update: 40\n"
+DONE = "x | INFO | fairseq_cli.train | done training in 9.0 seconds\n"
+
+
+def parse(tmp_path, text):
+    path = tmp_path / "train.log"
+    path.write_text(text)
+    return sweep.read_train_log(str(path))
+
+
+def test_log_parser_converged_cap_unfinished_and_resumed(tmp_path):
+    converged = parse(tmp_path, START + valid(10, 3.0) + inner(10, 5) + valid(20, 2.5) + valid(30, 2.6)
+                      + inner(40, 11) + valid(40, 2.7) + EARLY_STOP + DONE)
+    assert (converged["stopped"], converged["updates"], converged["best_update"]) == ("converged", 40, 20)
+    assert converged["best_valid_loss"] == 2.5 and converged["train_seconds"] == 11
+    cap = parse(tmp_path, START + valid(20, 3.0) + CAP + valid(40, 2.0) + DONE)
+    assert (cap["stopped"], cap["updates"], cap["best_update"]) == ("cap", 40, 40)
+    assert parse(tmp_path, START + valid(20, 3.0))["stopped"] is None  # interrupted: resume it
+    # Interrupted after update 30 (checkpoint at 20), resumed: the repeated update count keeps the
+    # later value, the curve has no gap, and only the last process's stop counts.
+    resumed = parse(tmp_path, START + valid(10, 3.0) + valid(20, 2.0) + valid(30, 2.2)
+                    + START + valid(30, 1.9) + valid(40, 1.5) + CAP + DONE)
+    assert resumed["curve"] == [(10, 3.0), (20, 2.0), (30, 1.9), (40, 1.5)]
+    assert resumed["stopped"] == "cap"
+
+
+def fake_result(bleu, loss, stopped="converged", updates=1000):
+    return dict(bleu=bleu, accuracy=bleu / 2, best_valid_loss=loss, stopped=stopped, updates=updates,
+                best_update=updates - 500, train_seconds=60.0, decode_seconds=1.0,
+                curve=[(500, loss + 1), (updates, loss)])
+
+
+def test_selection_seeds_and_tables(tmp_path):
+    results = {
+        (20, "K=4", ("sigmoid", "sigmoid"), 1): fake_result(90.0, 0.30),
+        (20, "K=4", ("sigmoid", "softmax"), 1): fake_result(99.0, 0.10),  # best validation loss
+        (20, "K=4", ("softmax", "sigmoid"), 1): fake_result(99.9, 0.20, "cap"),  # best BLEU: not chosen
+        (20, "K=4", ("softmax", "softmax"), 1): fake_result(50.0, 2.00),
+        (20, "K=4", ("sigmoid", "softmax"), 2): fake_result(97.0, 0.12, "cap", 2000),
+        (20, "K=4", ("sigmoid", "softmax"), 3): fake_result(98.0, 0.11),
+        (20, "Att", None, 1): fake_result(100.0, 0.01),
+    }
+    assert sweep.choose_scoring(results, 20, "K=4") == ("sigmoid", "softmax")
+    sweep.write_tables(str(tmp_path), results, [20], ["K=4", "Att"], "cpu", "python sweep.py")
+    table = (tmp_path / "table.md").read_text()
+    k4 = next(line for line in table.splitlines() if line.startswith("| 20 | K=4 |"))
+    # mean 98.00, sample sd 1.00, range 97-99, over the chosen combination's three seeds
+    assert "| sigmoid/softmax (of 4) | 3 | 98.00 ± 1.00 (97.00-99.00) |" in k4
+    assert "converged at 1000, cap at 2000, converged at 1000" in k4
+    assert "| 20 | Att |  | 1 | 100.00 |" in table and "python sweep.py" in table
+    scoring = (tmp_path / "scoring.md").read_text()
+    assert "**0.100 / 99.00 (converged at 1000)**" in scoring and scoring.count("**0.") == 1
+    rows = list(csv.DictReader(open(tmp_path / "table.csv")))
+    assert len(rows) == 7
+    chosen = [(r["encoder_score"], r["decoder_score"], r["seed"])
+              for r in rows if r["chosen"] == "1" and r["model"] == "K=4"]
+    assert chosen == [("sigmoid", "softmax", "1"), ("sigmoid", "softmax", "2"), ("sigmoid", "softmax", "3")]
+
+
+def test_run_order_puts_longest_length_and_scorings_first():
+    order = sweep.run_order([20, 50, 100], sweep.MODELS, [1, 2, 3], 16)
+    assert len(order) == len(set(order)) == 3 * (4 * 5 + 2) + 2 * 3 * 7
+    first = order[:10]  # one version of every row at L = 100, and Fig. 3b's four combinations
+    assert {(m) for _, m, _, _ in first} == set(sweep.MODELS) and all(L == 100 for L, *_ in first)
+    assert {s for L, m, s, _ in first if m == "K=16"} == set(sweep.SCORINGS)
+    assert all(s == "chosen" for _, m, s, seed in order if seed > 1 and sweep.is_memory(m))
+    assert order.index((100, "K=64", "chosen", 3)) < order.index((50, "K=1", ("sigmoid", "sigmoid"), 1))
+
+
+def test_bad_arguments_are_named():
+    for args, message in [(["--lengths", "0"], "--lengths: [0]"), (["--seeds", "2", "3"], "--seeds: [2, 3]")]:
+        result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), *args],
+                                capture_output=True, text=True, env=clean_env())
+        assert result.returncode == 2 and message in result.stderr
+
+
+CHOICES = ["sigmoid/sigmoid", "softmax/softmax"]  # two of the four, to keep the test short
+SELECTED = [tuple(c.split("/")) for c in CHOICES]
+
+
+def start_sweep(out):
+    env = clean_env(OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny",
+                             "--models", "K=1", "--scorings", *CHOICES, "--seeds", "1", "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(process):
+    out, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, out[-3000:]
+    return out
+
+
+def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
+    first = tmp_path / "runs" / sweep.run_name(6, "K=1", SELECTED[0], 1)
+    process = start_sweep(tmp_path)
+    while not (first / "checkpoint_last.pt").exists():  # the first validation's checkpoint
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=60)
+    interrupted = (first / "train.log").read_text()
+    assert "done training" not in interrupted and not (first / "score.json").exists()
+
+    finish(start_sweep(tmp_path))
+    log = (first / "train.log").read_text()
+    assert log.startswith(interrupted)  # appended, not truncated
+    assert log.count("fairseq_cli.train | {") == 2
+    assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ [1-9]\d* updates\)", log[len(interrupted):])
+    updates = sorted({u for u, _ in sweep.read_train_log(str(first / "train.log"))["curve"]})
+    assert updates == list(range(8, updates[-1] + 1, 8))  # the whole curve, validation every 8
+
+    # Selection on validation: the chosen combination has the lowest best validation loss,
+    # read here from the logs independently of the driver's parser.
+    best = {}
+    for scoring in SELECTED:
+        text = (tmp_path / "runs" / sweep.run_name(6, "K=1", scoring, 1) / "train.log").read_text()
+        best[scoring] = min(float(x) for x in re.findall(r"\| valid \|.*?\| loss ([\d.]+)", text))
+        stopped = "converged" if "early stop since" in text else "cap"
+        last = int(re.findall(r"num_updates (\d+)", text)[-1])
+        assert f"{best[scoring]:.3f} / " in (tmp_path / "scoring.md").read_text()
+        assert f"{stopped} at {last}" in (tmp_path / "scoring.md").read_text()
+        assert stopped == "cap" or last < 64
+    chosen = min(best, key=best.get)
+    table = (tmp_path / "table.md").read_text()
+    score = json.load(open(tmp_path / "runs" / sweep.run_name(6, "K=1", chosen, 1) / "score.json"))
+    assert f"| 6 | K=1 | {chosen[0]}/{chosen[1]} (of 2) | 1 | {score['bleu']:.2f} |" in table
+    assert (tmp_path / "fig3a.png").stat().st_size > 0 and (tmp_path / "fig3b.png").stat().st_size > 0
+
+    # A finished run is skipped; a trained but undecoded one is only decoded again.
+    os.remove(first / "score.json")
+    out = finish(start_sweep(tmp_path))
+    assert out.count("done already, skipped") == 1 and "decoding" in out and "training" not in out
+    assert (first / "train.log").read_text() == log and (first / "score.json").exists()
