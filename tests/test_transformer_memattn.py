@@ -347,8 +347,8 @@ MIN_BLEU, MIN_ACCURACY = 85.0, 70.0
 def checkpoint(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("copy_transformer")
     run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL,
-        "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
-        "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "10", "--seed", "1", "--cpu",
+        "--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
+        "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "12", "--seed", "1", "--cpu",
         "--no-progress-bar", "--no-epoch-checkpoints", "--save-dir", str(save_dir))
     return save_dir / "checkpoint_best.pt"
 
