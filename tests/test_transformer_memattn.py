@@ -340,7 +340,9 @@ MODEL = ["--arch", "transformer_memattn", "--memory-k", "16", "--memory-encoder-
          "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-layers", "2",
          "--decoder-layers", "2", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
          "--dropout", "0"]
-MIN_BLEU, MIN_ACCURACY = 85.0, 70.0
+# Seeds 1-5 on 1 thread: BLEU 88.9 / 89.8 / 94.0 / 95.2 / 95.2, accuracy 88 / 90 / 92 / 93 / 95
+# (min/median/max BLEU 88.9 / 94.0 / 95.2); see the README's Transformer section.
+MIN_BLEU, MIN_ACCURACY = 80.0, 78.0
 
 
 @pytest.fixture(scope="module")
