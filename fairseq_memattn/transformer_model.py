@@ -120,8 +120,6 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
     as fairseq's decoder expects for its alignments.
     """
 
-    num_heads = 1
-
     def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
         """What the read needs from C (B x K x d), computed once per source."""
         raise NotImplementedError
