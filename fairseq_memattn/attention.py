@@ -281,15 +281,63 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
     return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-class MemoryAttention(Attention):
+class MemoryWrite(nn.Module):
+    """The encoder side of Sec. 3, on its own: the write of Eq. 4-5 (with the
+    position encodings of Eq. 8-10), shared by the LSTM's memory attention and
+    the Transformer's memory (``transformer_model.py``).
+
+        alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
+
+    Padding positions get alpha = 0, so they never contribute to C. alpha and
+    C are computed in float32 for a half-precision model or under autocast
+    (see :class:`MemoryAttention` for why).
+
+    ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
+    K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
+    each context ("time"). It does not matter for sigmoid scores.
+    """
+
+    def __init__(
+        self,
+        encoder_dim: int,
+        num_contexts: int,
+        encoder_score: str = "softmax",
+        encoder_normalize: str = "contexts",
+        position_encoding_max_len: Optional[int] = None,
+    ):
+        super().__init__()
+        if not isinstance(num_contexts, int) or num_contexts < 1:
+            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
+        _check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
+        _check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
+        self.num_contexts = num_contexts
+        self.encoder_score = encoder_score
+        self.encoder_normalize = encoder_normalize
+        self.position_encoding_max_len = position_encoding_max_len
+        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
+
+    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
+        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
+        scores = widen(self.W_alpha(states))
+        if self.position_encoding_max_len is not None:
+            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
+            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
+        dim = -1 if self.encoder_normalize == "contexts" else 1
+        return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
+
+    def write(self, states: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """(C: B x K x E, alpha: B x S x K) from states B x S x E."""
+        alpha = self.encoder_scores(states, padding_mask)
+        return sum_of_products(alpha.transpose(1, 2), states), alpha  # Eq. 4: C = alpha^T s
+
+
+class MemoryAttention(MemoryWrite, Attention):
     """The fixed-size memory attention of Sec. 3.
 
-    Encoder side, once per source (Eq. 4-5, with position encodings Eq. 8-10):
-        alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
+    Encoder side, once per source: the write of :class:`MemoryWrite` (Eq. 4-5).
     Decoder side, per step (Eq. 6-7):
         beta = score(W_beta h) in R^K,                 c = sum_k beta_k C_k
     The memory is C (B x K x E); a decoder step costs O(KE) whatever |S| is.
-    Padding positions get alpha = 0, so they never contribute to C.
 
     With sigmoid scores neither sum is normalised: |c| <= K |S| max|s_t|, and
     in training dropout scales the LSTM's outputs (|h| <= 1) by 1/(1-p), so
@@ -297,10 +345,6 @@ class MemoryAttention(Attention):
     65,504. Hence alpha, beta, C and c are computed in float32 for a
     half-precision model or under autocast (C is small: K x E per source),
     and c is returned in float32; the function itself is Eq. 4-7 unscaled.
-
-    ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
-    K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
-    each context ("time"). It does not matter for sigmoid scores.
     """
 
     def __init__(
@@ -313,33 +357,16 @@ class MemoryAttention(Attention):
         encoder_normalize: str = "contexts",
         position_encoding_max_len: Optional[int] = None,
     ):
-        super().__init__()
-        if not isinstance(num_contexts, int) or num_contexts < 1:
-            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
-        _check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
+        super().__init__(encoder_dim, num_contexts, encoder_score, encoder_normalize,
+                         position_encoding_max_len)
         _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
-        _check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
         self.context_dim = encoder_dim
-        self.num_contexts = num_contexts
-        self.encoder_score = encoder_score
         self.decoder_score = decoder_score
-        self.encoder_normalize = encoder_normalize
-        self.position_encoding_max_len = position_encoding_max_len
-        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
         self.W_beta = nn.Linear(decoder_dim, num_contexts, bias=False)  # Eq. 7
 
-    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
-        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
-        scores = widen(self.W_alpha(states))
-        if self.position_encoding_max_len is not None:
-            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
-            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
-        dim = -1 if self.encoder_normalize == "contexts" else 1
-        return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
-
     def build_memory(self, states, padding_mask):
-        alpha = self.encoder_scores(states, padding_mask)
-        memory = {"contexts": sum_of_products(alpha.transpose(1, 2), states)}  # Eq. 4: C = alpha^T s
+        contexts, alpha = self.write(states, padding_mask)
+        memory = {"contexts": contexts}
         if self.keep_alignment:
             memory["alpha"] = alpha
         return memory
@@ -391,6 +418,13 @@ class LinearAttention(Attention):
         return context, weights
 
 
+def position_encoding_length(args) -> Optional[int]:
+    """S of Eq. 10 from the command line, or None without position encodings."""
+    if not args.memory_position_encoding:
+        return None
+    return args.memory_position_max_len or args.max_source_positions
+
+
 def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
     """Build the attention chosen by ``--attention-type`` and its options."""
     kind = args.attention_type
@@ -411,8 +445,6 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
             encoder_score=args.memory_encoder_score,
             decoder_score=args.memory_decoder_score,
             encoder_normalize=args.memory_encoder_normalize,
-            position_encoding_max_len=(args.memory_position_max_len or args.max_source_positions)
-            if args.memory_position_encoding
-            else None,
+            position_encoding_max_len=position_encoding_length(args),
         )
     return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")

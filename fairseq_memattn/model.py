@@ -305,6 +305,39 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.need_attn = bool(need_attn)
 
 
+def add_memory_args(parser):
+    """The options of memory attention (Sec. 3), shared by the LSTM and the
+    Transformer models."""
+    parser.add_argument("--memory-k", type=int, metavar="K",
+                        help="number of attention contexts K of memory attention")
+    parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
+    parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
+    parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
+                        help="axis of an encoder-side softmax: over the K contexts as in "
+                             "Eq. 5 (contexts) or over source positions (time)")
+    # SUPPRESS so that an architecture's own default applies when neither is given.
+    parser.add_argument("--memory-position-encoding", action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="multiply Eq. 10 position encodings into the encoder scores")
+    parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
+                        action="store_false", default=argparse.SUPPRESS,
+                        help="turn position encodings off")
+    parser.add_argument("--memory-position-max-len", type=int, metavar="S",
+                        help="S of Eq. 10, the longest source (tokens, EOS included) the position "
+                             "encodings cover; default: the longest source of the training data, "
+                             "read when the model is built for training and kept in the checkpoint")
+
+
+def memory_defaults(args, memory_k, position_encoding):
+    """Defaults of the options add_memory_args adds, for an architecture."""
+    args.memory_k = getattr(args, "memory_k", memory_k)
+    args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
+    args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
+    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
+    args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
+    args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
+
+
 @register_model("memattn_lstm")
 class MemAttnLSTMModel(FairseqEncoderDecoderModel):
     """LSTM seq2seq with fixed-size memory attention or one of its baselines."""
@@ -325,24 +358,7 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
         parser.add_argument("--attention-type", choices=ATTENTION_TYPES)
         parser.add_argument("--attention-dim", type=int, metavar="N",
                             help="hidden size of additive attention (default: decoder hidden size)")
-        parser.add_argument("--memory-k", type=int, metavar="K",
-                            help="number of attention contexts K of memory attention")
-        parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
-        parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
-        parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
-                            help="axis of an encoder-side softmax: over the K contexts as in "
-                                 "Eq. 5 (contexts) or over source positions (time)")
-        # SUPPRESS so that an architecture's own default applies when neither is given.
-        parser.add_argument("--memory-position-encoding", action="store_true",
-                            default=argparse.SUPPRESS,
-                            help="multiply Eq. 10 position encodings into the encoder scores")
-        parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
-                            action="store_false", default=argparse.SUPPRESS,
-                            help="turn position encodings off")
-        parser.add_argument("--memory-position-max-len", type=int, metavar="S",
-                            help="S of Eq. 10, the longest source (tokens, EOS included) the position "
-                                 "encodings cover; default: the longest source of the training data, "
-                                 "read when the model is built for training and kept in the checkpoint")
+        add_memory_args(parser)
         parser.add_argument("--max-source-positions", type=int, metavar="N")
         parser.add_argument("--max-target-positions", type=int, metavar="N")
 
@@ -350,10 +366,8 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         base_architecture(args)
         check_sizes(args)
-        if (args.attention_type == "memory" and args.memory_position_encoding
-                and args.memory_position_max_len is None):
-            # Stored in args, so the checkpoint keeps the S the model was trained with.
-            args.memory_position_max_len = longest_training_source(args, task)
+        if args.attention_type == "memory":
+            fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
         attention = build_attention(args, encoder_dim, args.decoder_hidden_size)
         encoder = MemAttnEncoder(
@@ -419,6 +433,14 @@ def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:
         if getattr(dataset, "tgt_sizes", None) is not None:
             targets.append(dataset.tgt_sizes)
     return np.concatenate(sources), np.concatenate(targets) if targets else None
+
+
+def fill_position_max_len(args, task) -> None:
+    """With position encodings and no --memory-position-max-len, S is the
+    training data's longest source, stored in args so that the checkpoint
+    keeps the S the model was trained with."""
+    if args.memory_position_encoding and args.memory_position_max_len is None:
+        args.memory_position_max_len = longest_training_source(args, task)
 
 
 def longest_training_source(args, task) -> int:
@@ -551,12 +573,7 @@ def base_architecture(args):
     args.input_feeding = getattr(args, "input_feeding", False)
     args.attention_type = getattr(args, "attention_type", "memory")
     args.attention_dim = getattr(args, "attention_dim", None)
-    args.memory_k = getattr(args, "memory_k", 32)
-    args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
-    args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
-    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
-    args.memory_position_encoding = getattr(args, "memory_position_encoding", False)
-    args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
+    memory_defaults(args, memory_k=32, position_encoding=False)
     args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
     args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
 

@@ -1,5 +1,6 @@
 import argparse
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -7,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO, "fairseq_memattn")
@@ -113,3 +115,45 @@ def own_pair_recipe(tmp_path_factory):
     import wmt17_toy
 
     return wmt17_toy.prepare_train_evaluate(tmp_path_factory.mktemp("own-pair"), "en-fr")
+
+
+# Sources of different lengths, so that sentences finish at different steps and
+# SequenceGenerator drops finished ones from the batch.
+BEAM_SOURCES = [[3, 4, 5, 6, 7, 8, 9], [8, 9], [5], [4, 4, 6, 7], [9, 8, 7, 6, 5]]
+
+
+def beam_search(model, dictionary, beam=4, sources=BEAM_SOURCES):
+    """fairseq's SequenceGenerator over a left-padded batch of ``sources``."""
+    tokens, lengths = left_padded_batch(dictionary, sources)
+    sample = {"id": torch.arange(len(sources)),
+              "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=12)
+    with torch.no_grad():
+        return generator.generate([model], sample)
+
+
+def check_copies(out, min_bleu, min_accuracy, name):
+    """fairseq-generate output on the copy task's 100 test examples: scored
+    against the thresholds, alignments checked when printed."""
+    from fairseq_memattn.score import read_generate_output, score
+
+    result = score(*read_generate_output(out.splitlines()))
+    print(f"{name} copy result:", result)
+    assert result["sentences"] == 100
+    assert result["bleu"] >= min_bleu and result["accuracy"] >= min_accuracy, result
+    if re.search(r"^A-", out, re.M):
+        check_alignment_lines(out)
+
+
+def check_alignment_lines(out):
+    """fairseq-generate --print-alignment output: one source position per
+    target token, inside the source; an empty source has nothing to align to."""
+    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M))
+    hypotheses = {i: h for i, _, h in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", out, re.M)}
+    alignments = dict(re.findall(r"^A-(\d+)\t(.*)$", out, re.M))
+    assert set(alignments) == set(hypotheses)
+    for i, line in alignments.items():
+        pairs = [tuple(map(int, p.split("-"))) for p in line.split()]
+        n_src, n_hyp = len(sources[i].split()), len(hypotheses[i].split())
+        assert len(pairs) == (n_hyp if n_src else 0)
+        assert all(0 <= s < max(n_src, 1) and 0 <= t < n_hyp for s, t in pairs)

@@ -3,15 +3,10 @@ and decodes exactly what one copy per hypothesis decodes."""
 
 import pytest
 import torch
-from conftest import ALL_ATTENTION, build_model, left_padded_batch
-from fairseq.sequence_generator import SequenceGenerator
+from conftest import ALL_ATTENTION, BEAM_SOURCES, beam_search, build_model
 
 from fairseq_memattn import model as model_module
 from fairseq_memattn.model import share_rows
-
-# Sources of different lengths, so that sentences finish at different steps and
-# SequenceGenerator drops finished ones from the batch.
-SOURCES = [[3, 4, 5, 6, 7, 8, 9], [8, 9], [5], [4, 4, 6, 7], [9, 8, 7, 6, 5]]
 
 
 def test_beam_expansion_keeps_one_row_per_source():
@@ -40,15 +35,6 @@ def test_other_orders_fall_back_to_a_row_per_hypothesis():
 def test_no_hypotheses_left():
     rows, group = share_rows(torch.zeros(0, dtype=torch.long), group=4)
     assert rows.numel() == 0 and group == 1
-
-
-def beam_search(model, dictionary, beam=4):
-    tokens, lengths = left_padded_batch(dictionary, SOURCES)
-    sample = {"id": torch.arange(len(SOURCES)),
-              "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
-    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=12)
-    with torch.no_grad():
-        return generator.generate([model], sample)
 
 
 def beam_search_with_varied_lengths(model, dictionary):
@@ -97,6 +83,6 @@ def test_beam_search_keeps_the_memory_at_one_row_per_source(dictionary, monkeypa
 
     monkeypatch.setattr(model.encoder, "reorder_encoder_out", spy)
     beam_search(model, dictionary, beam=4)
-    assert seen[0] == (len(SOURCES), 4, 4 * len(SOURCES))
+    assert seen[0] == (len(BEAM_SOURCES), 4, 4 * len(BEAM_SOURCES))
     assert all(rows * group == hypotheses for rows, group, hypotheses in seen)
     assert all(group == 4 for _, group, _ in seen)

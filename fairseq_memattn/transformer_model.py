@@ -1,0 +1,346 @@
+"""Transformer whose decoder reads a fixed-size memory instead of the encoder states.
+
+Built on fairseq's own Transformer (``TransformerEncoderBase``,
+``TransformerDecoderBase``, ``TransformerDecoderLayerBase``); only two pieces
+change:
+
+* the encoder, after fairseq's layers, writes K attention contexts
+  C (B x K x d) from its final states with the write of Sec. 3 (Eq. 4-5, with
+  the position encodings of Eq. 8-10: ``attention.MemoryWrite``), one memory
+  for all decoder layers or one per layer (``--memory-per-layer``, a separate
+  W_alpha each), and returns only that memory: never the |S| x d states;
+* every decoder layer's encoder-attention is replaced by a *read* of the
+  memory: ``--memory-read attention`` (fairseq's multi-head attention over the
+  K rows) or ``--memory-read mix`` (the paper's Eq. 6-7, per layer).
+
+Beam search. As in the LSTM model (``model.share_rows``), ``encoder_out`` holds
+one row per source, shared by the ``group`` consecutive hypotheses of that
+source, and reordering moves whole rows only when a source finishes. What a
+read derives from the memory (keys and values) is computed at the first
+decoder step, once per source, kept in the incremental state and reordered
+the same way: per step, neither recomputed nor copied. A source's hypotheses
+are read as extra query steps of its one row. A step's cost is then O(K d)
+per layer and hypothesis, whatever |S| is.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.distributed import fsdp_wrap
+from fairseq.incremental_decoding_utils import FairseqIncrementalState
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    DEFAULT_MAX_SOURCE_POSITIONS,
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer import transformer_iwslt_de_en
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import Tensor, nn
+
+from .attention import SCORE_FUNCTIONS, MemoryWrite, _check_choice, position_encoding_length, score_function
+from .model import add_memory_args, fill_position_max_len, memory_defaults, share_rows
+
+READ_MODES = ("attention", "mix")
+
+
+def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
+    """Reorder tensors holding one row per ``group`` hypotheses (see
+    ``model.share_rows``); returns (tensors, new group). The usual beam step
+    moves hypotheses only within their source's block and copies nothing."""
+    rows, new_group = share_rows(new_order, group)
+    size = next(iter(tensors.values())).size(0)
+    if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
+        return tensors, new_group
+    return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
+
+
+class MemAttnTransformerEncoder(TransformerEncoderBase):
+    """fairseq's Transformer encoder followed by the write of Eq. 4-5.
+
+    ``encoder_out`` is a dict:
+      * ``memory``: B x M x K x d, the M = 1 (shared) or decoder-layers
+        (``--memory-per-layer``) memories C;
+      * ``alpha``: B x M x S x K, the write weights, only when alignments are
+        wanted (``--print-alignment``), in the layout of ``src_tokens``;
+      * ``group``: how many consecutive hypotheses share each row.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens)
+        num_memories = cfg.decoder.layers if cfg.memory_per_layer else 1
+        self.writers = nn.ModuleList(
+            MemoryWrite(cfg.encoder.embed_dim, cfg.memory_k, cfg.memory_encoder_score,
+                        cfg.memory_encoder_normalize, position_encoding_length(cfg))
+            for _ in range(num_memories)
+        )
+        self.keep_alignment = False
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
+                return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
+        out = super().forward(src_tokens, src_lengths, False, token_embeddings)
+        states = out["encoder_out"][0].transpose(0, 1)  # S x B x d -> B x S x d
+        padding_mask = out["encoder_padding_mask"][0]
+        written = [writer.write(states, padding_mask) for writer in self.writers]
+        encoder_out = {"memory": torch.stack([C for C, _ in written], dim=1), "group": 1}
+        if self.keep_alignment:
+            encoder_out["alpha"] = torch.stack([alpha for _, alpha in written], dim=1)
+        return encoder_out
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        tensors = {name: t for name, t in encoder_out.items() if name != "group"}
+        tensors, group = select_shared_rows(tensors, new_order, encoder_out["group"])
+        return {**tensors, "group": group}
+
+    def max_positions(self):
+        # fairseq filters or refuses longer sources, so none exceeds Eq. 10's S.
+        covered = self.writers[0].position_encoding_max_len
+        limit = super().max_positions()
+        return limit if covered is None else min(limit, covered)
+
+    def make_generation_fast_(self, need_attn=False, **kwargs):
+        self.keep_alignment = bool(need_attn)
+
+
+class MemoryRead(FairseqIncrementalState, nn.Module):
+    """A decoder layer's read of the memory, in the place (and with the call
+    signature) of fairseq's encoder-attention; ``key`` and ``value`` are the
+    whole ``encoder_out`` of :class:`MemAttnTransformerEncoder`, of which this
+    layer reads memory ``memory_index``.
+
+    Subclasses say what is derived from the memory once per source
+    (``project_memory``) and how a batch of queries reads it (``read``).
+    Returned weights are over source positions: the read weights (over the K
+    rows) times alpha^T, per head (H x N x T x S) with ``need_head_weights``,
+    as fairseq's decoder expects for its alignments.
+    """
+
+    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
+        """What the read needs from C (B x K x d), computed once per source."""
+        raise NotImplementedError
+
+    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        """(output B x T' x D, weights B x H x T' x K) for queries B x T' x D."""
+        raise NotImplementedError
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
+                need_head_weights=False):
+        encoder_out = key
+        cache = self.get_incremental_state(incremental_state, "memory")
+        if cache is None:
+            # The memory is written in float32 (attention.sum_of_products); a
+            # half-precision layer reads it in its own dtype.
+            cache = self.project_memory(encoder_out["memory"][:, self.memory_index].to(query.dtype))
+            cache["group"] = encoder_out["group"]
+            self.set_incremental_state(incremental_state, "memory", cache)
+        steps, hypotheses, dim = query.shape
+        rows = encoder_out["memory"].size(0)
+        group = hypotheses // rows
+        # The hypotheses sharing a row are read as extra query steps of that row.
+        x = query.transpose(0, 1).reshape(rows, group * steps, dim)
+        out, weights = self.read(x, cache)
+        out = out.reshape(hypotheses, steps, -1).transpose(0, 1)
+
+        if not (need_weights or need_head_weights) or "alpha" not in encoder_out:
+            return out, None
+        alpha = encoder_out["alpha"][:, self.memory_index]  # B x S x K
+        # Sec. 5: the alignment over source tokens is the read weights times alpha^T.
+        align = torch.matmul(weights.to(alpha.dtype), alpha.transpose(1, 2).unsqueeze(1))  # B x H x gT x S
+        heads = align.size(1)
+        align = align.reshape(rows, heads, group, steps, -1).transpose(0, 1)
+        align = align.reshape(heads, hypotheses, steps, -1)
+        return out, (align if need_head_weights else align.mean(dim=0))
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        cache = self.get_incremental_state(incremental_state, "memory")
+        if cache is None:
+            return
+        tensors = {name: t for name, t in cache.items() if name != "group"}
+        tensors, group = select_shared_rows(tensors, new_order, cache["group"])
+        self.set_incremental_state(incremental_state, "memory", {**tensors, "group": group})
+
+
+class MemoryAttentionRead(MemoryRead, MultiheadAttention):
+    """``--memory-read attention``: fairseq's multi-head encoder-attention
+    (its parameters, initialisation and dropout) over the K memory rows instead
+    of the |S| states. Keys and values (B x H x K x d/H) are projected once per
+    source; the memory has no padding, so no mask is needed."""
+
+    def __init__(self, embed_dim, num_heads, memory_dim, dropout, memory_index,
+                 q_noise=0.0, qn_block_size=8):
+        super().__init__(embed_dim, num_heads, kdim=memory_dim, vdim=memory_dim, dropout=dropout,
+                         encoder_decoder_attention=True, q_noise=q_noise,
+                         qn_block_size=qn_block_size)
+        self.memory_index = memory_index
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """B x L x D -> B x H x L x D/H"""
+        return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
+
+    def project_memory(self, contexts):
+        return {"key": self.split_heads(self.k_proj(contexts)),
+                "value": self.split_heads(self.v_proj(contexts))}
+
+    def read(self, query, cache):
+        q = self.split_heads(self.q_proj(query) * self.scaling)
+        scores = torch.matmul(q, cache["key"].transpose(2, 3))  # B x H x T' x K
+        weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        out = torch.matmul(self.dropout_module(weights), cache["value"])  # B x H x T' x D/H
+        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), self.embed_dim)
+        return self.out_proj(out), weights
+
+
+class MemoryMixRead(MemoryRead):
+    """``--memory-read mix``: the paper's decoder side (Eq. 6-7), per layer,
+    with the layer's input h to its encoder-attention as the decoder state:
+
+        beta = score(W_beta h) in R^K,   c = sum_k beta_k C_k,   output W_o c + b_o
+
+    How c enters the layer: in place of the encoder-attention's output, so it
+    goes through the layer's own dropout, residual connection and layer norm,
+    exactly where fairseq adds the attention context. Like the attention's
+    out_proj, W_o maps the memory (encoder size) into the decoder's residual
+    stream, which lets every layer use a shared memory in its own way and
+    allows different encoder and decoder sizes. Since W_o (beta C) = beta (C W_o^T),
+    C W_o^T is computed once per source and a step costs O(K D), not O(D^2).
+    No keys: beta depends on h alone, as in Eq. 7.
+    """
+
+    def __init__(self, embed_dim, memory_dim, num_contexts, decoder_score, memory_index):
+        super().__init__()
+        _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
+        self.decoder_score = decoder_score
+        self.memory_index = memory_index
+        self.W_beta = nn.Linear(embed_dim, num_contexts, bias=False)  # Eq. 7
+        self.out_proj = nn.Linear(memory_dim, embed_dim)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def project_memory(self, contexts):
+        return {"value": F.linear(contexts, self.out_proj.weight)}  # C W_o^T: B x K x D
+
+    def read(self, query, cache):
+        beta = score_function(self.decoder_score, self.W_beta(query), dim=-1)  # Eq. 7
+        out = torch.matmul(beta, cache["value"]) + self.out_proj.bias  # Eq. 6, projected
+        return out, beta.unsqueeze(1)
+
+
+class MemoryReadDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with its encoder-attention replaced by a memory read."""
+
+    def __init__(self, cfg, memory_index: int):
+        self.memory_index = memory_index  # read by build_encoder_attention during __init__
+        super().__init__(cfg)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if cfg.memory_read == "attention":
+            return MemoryAttentionRead(embed_dim, cfg.decoder.attention_heads, cfg.encoder.embed_dim,
+                                       cfg.attention_dropout, self.memory_index,
+                                       self.quant_noise, self.quant_noise_block_size)
+        return MemoryMixRead(embed_dim, cfg.encoder.embed_dim, cfg.memory_k,
+                             cfg.memory_decoder_score, self.memory_index)
+
+
+class MemAttnTransformerDecoder(TransformerDecoderBase):
+    """fairseq's Transformer decoder over :class:`MemoryReadDecoderLayer` layers."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        self.layers_built = 0  # counts layers while fairseq builds them, for --memory-per-layer
+        super().__init__(cfg, dictionary, embed_tokens)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        memory_index = self.layers_built if cfg.memory_per_layer else 0
+        self.layers_built += 1
+        layer = MemoryReadDecoderLayer(cfg, memory_index)
+        # as fairseq wraps its own layers
+        if cfg.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
+
+    def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        # fairseq's decoder passes encoder_out["encoder_out"][0] untouched to every
+        # layer's encoder-attention: each read gets the whole memory dict there.
+        return super().extract_features(
+            prev_output_tokens, {"encoder_out": [encoder_out], "encoder_padding_mask": []},
+            incremental_state, full_context_alignment, alignment_layer, alignment_heads)
+
+
+@register_model("memattn_transformer")
+class MemAttnTransformerModel(TransformerModel):
+    """fairseq's Transformer with fixed-size memory attention (Sec. 3)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}  # fairseq's pretrained Transformers are not memory models
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_memory_args(parser)
+        parser.add_argument("--memory-read", choices=READ_MODES,
+                            help="how each decoder layer reads the K memory rows: multi-head "
+                                 "attention over them, or the paper's mix c = beta C (Eq. 6-7)")
+        parser.add_argument("--memory-per-layer", action="store_true",
+                            help="write one memory per decoder layer (a W_alpha each) "
+                                 "instead of one shared by all layers")
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        check_memory_options(args)
+        # fairseq's build_model fills these defaults in too, but only after S of
+        # Eq. 10 must be read from the training pairs they keep.
+        for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
+                              ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
+        fill_position_max_len(args, task)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return MemAttnTransformerEncoder(TransformerConfig.from_namespace(cfg), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return MemAttnTransformerDecoder(TransformerConfig.from_namespace(cfg), tgt_dict, embed_tokens)
+
+
+def check_memory_options(args):
+    """Clear errors, naming the value, for options the model cannot honour."""
+    _check_choice("--memory-read", args.memory_read, READ_MODES)
+    length = args.memory_position_max_len
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(f"invalid --memory-position-max-len: {length!r} (must be an integer >= 1)")
+    if args.cross_self_attention:
+        raise ValueError("--cross-self-attention attends to the encoder states at every step; "
+                         "memory attention reads only the K memory rows, so it cannot be combined")
+    if args.no_cross_attention:
+        raise ValueError("--no-cross-attention removes the decoder's only access to the source "
+                         "memory; use fairseq's own transformer for that")
+
+
+@register_model_architecture("memattn_transformer", "transformer_memattn")
+def base_architecture(args):
+    """fairseq's ``transformer`` (transformer base) with a K = 64 memory and the
+    position encodings of Eq. 8-10 (the paper's WMT setting, Sec. 4.2)."""
+    memory_defaults(args, memory_k=64, position_encoding=True)
+    args.memory_read = getattr(args, "memory_read", "attention")
+    args.memory_per_layer = getattr(args, "memory_per_layer", False)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("memattn_transformer", "transformer_memattn_iwslt_de_en")
+def iwslt_de_en_architecture(args):
+    """fairseq's ``transformer_iwslt_de_en`` sizes with the memory of ``transformer_memattn``."""
+    transformer_iwslt_de_en(args)
+    base_architecture(args)
