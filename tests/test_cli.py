@@ -21,9 +21,10 @@ MODEL = ["--arch", "lstm_memattn", "--memory-k", "8", "--encoder-hidden-size", "
          "--dropout", "0", "--memory-encoder-score", "sigmoid", "--memory-decoder-score", "sigmoid"]
 TRAIN = ["--optimizer", "adam", "--lr", "5e-3", "--clip-norm", "1", "--batch-size", "32",
          "--max-epoch", "20", "--seed", "1", "--cpu", "--no-progress-bar", "--no-epoch-checkpoints"]
-# Another machine (CPU, thread count, BLAS) ends training like another seed: the thresholds sit
-# below the worst of the runs measured by `python tests/measure_trained.py cli` (see README, Tests).
-MIN_BLEU, MIN_ACCURACY, MAX_VALID_LOSS = 80.0, 80.0, 0.5
+# Another machine (CPU, thread count, BLAS) ends training like another seed: the thresholds belong
+# below the worst of `python tests/measure_trained.py cli --seeds 1 2 3 4 5 --threads 1 2 --out DIR`.
+# Measured so far (README, Tests): seed 1, 1 thread: BLEU 92.82, accuracy 94.0, valid loss 0.047.
+MIN_BLEU, MIN_ACCURACY, MAX_VALID_LOSS = 75.0, 70.0, 0.5
 
 
 @pytest.fixture(scope="module")
