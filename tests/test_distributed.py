@@ -19,7 +19,7 @@ RANK_SCRIPT = os.path.join(REPO, "tests", "distributed_rank.py")
 # The first update's loss is the untrained model's, near chance (log2 of 14 symbols: 3.81 bits);
 # a training that does not learn stays there. Drop to the mean of the last 10 of 40 updates,
 # `python tests/measure_trained.py distributed`: min 0.65, median 0.88, max 1.07 over seeds 1-5
-# (seeds 2 and 4 with 2 threads, the others with 1); 20 updates and the last update alone gave
+# with 1 thread and seeds 1-4 with 2 (the same values); 20 updates and the last update alone gave
 # min 0.35. Not learning leaves it near 0 (one update's loss swings, the mean of 10 much less).
 UPDATES, FINAL_UPDATES, MIN_LOSS_DROP = 40, 10, 0.35
 TRAIN = ["--user-dir", PLUGIN_DIR, "--task", "copy_task", "--copy-max-len", "8",
