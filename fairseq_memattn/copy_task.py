@@ -7,9 +7,13 @@ source (or reversed with ``--copy-reverse``). Every split is a pure function of
 ``--copy-seed`` and the split's name, so fairseq-validate and fairseq-generate
 see exactly the examples training saw, in any process. ``export_copy_data``
 writes the same examples as parallel text for fairseq-preprocess.
+
+Decode with ``--min-len 0``: about 1 example in L+1 is empty, and fairseq's
+default ``--min-len 1`` forbids the empty hypothesis (the task warns then).
 """
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import List
@@ -22,6 +26,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import FairseqTask, register_task
 
 SPLITS = ("train", "valid", "test")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -114,6 +119,18 @@ class CopyTask(FairseqTask):
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         return LanguagePairDataset(src_tokens, src_lengths, self.dictionary,
                                    tgt_dict=self.dictionary, constraints=constraints)
+
+    def build_generator(self, models, args, *rest, **kwargs):
+        """fairseq's generator; warns (and changes nothing) when ``--min-len`` forbids the
+        empty output, which length-0 examples need: an explicit option stays the user's."""
+        min_len = getattr(args, "min_len", 1)
+        if min_len >= 1:
+            logger.warning(
+                f"--min-len {min_len} forbids the empty output, but length-0 copy examples "
+                f"(about 1 in {self.cfg.copy_max_len + 1} at --copy-max-len {self.cfg.copy_max_len}) "
+                "have an empty target, so they can never be decoded right: "
+                "pass --min-len 0 to allow it (fairseq's default is 1)")
+        return super().build_generator(models, args, *rest, **kwargs)
 
     def max_positions(self):
         return (self.cfg.max_source_positions, self.cfg.max_target_positions)

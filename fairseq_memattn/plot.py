@@ -1,7 +1,8 @@
 """Attention figures from trained checkpoints: the paper's Figs. 6-8.
 
     python -m fairseq_memattn.plot --user-dir fairseq_memattn --task copy_task --copy-max-len 20 \\
-        --path ckpt/checkpoint_best.pt --gen-subset test --example-id 3 --output attention.png
+        --path ckpt/checkpoint_best.pt --gen-subset test --example-id 3 --min-len 0 \\
+        --output attention.png
 
 Takes fairseq-generate's options (task and data, --path, --beam, ...), decodes one example of
 --gen-subset (or a --sentence) with fairseq's SequenceGenerator and draws, with source tokens on

@@ -14,33 +14,63 @@ from fairseq_memattn.score import read_generate_output
 
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10",
         "--copy-train-size", "4000", "--copy-valid-size", "100", "--copy-test-size", "100"]
+# Sigmoid scores on both sides (Sec. 4.2) converge fastest here; softmax/softmax at lr 1e-2 and
+# 1,250 updates ranged from BLEU 33.6 to 99.1 over seeds 1-6.
 MODEL = ["--arch", "lstm_memattn", "--memory-k", "8", "--encoder-hidden-size", "64",
          "--decoder-hidden-size", "64", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-         "--dropout", "0"]
-# Thresholds this tiny run reaches with margin (measured: see the closing note / README).
-MIN_BLEU, MIN_ACCURACY = 85.0, 70.0  # measured: BLEU 96.8, accuracy 83.0
+         "--dropout", "0", "--memory-encoder-score", "sigmoid", "--memory-decoder-score", "sigmoid"]
+TRAIN = ["--optimizer", "adam", "--lr", "5e-3", "--clip-norm", "1", "--batch-size", "32",
+         "--max-epoch", "20", "--seed", "1", "--cpu", "--no-progress-bar", "--no-epoch-checkpoints"]
+# Another machine (CPU, thread count, BLAS) ends training like another seed: the thresholds belong
+# below the worst of `python tests/measure_trained.py cli --seeds 1 2 3 4 5 --threads 1 2 --out DIR`.
+# Measured so far (README, Tests), seeds 1-3 with 1 thread: BLEU 88.37 / 92.82 / 94.48 (min /
+# median / max), accuracy 88.0 / 94.0 / 94.0, valid loss 0.047 / 0.093 / 0.094; 2-thread runs and
+# seeds 4-5 are still to be measured.
+MIN_BLEU, MIN_ACCURACY, MAX_VALID_LOSS = 75.0, 70.0, 0.5
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("copy")
-    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL,
-        "--optimizer", "adam", "--lr", "1e-2", "--clip-norm", "1", "--batch-size", "32",
-        "--max-epoch", "10", "--seed", "1", "--cpu", "--no-progress-bar",
-        "--no-epoch-checkpoints", "--save-dir", str(save_dir))
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL, *TRAIN, "--save-dir", str(save_dir))
     return save_dir / "checkpoint_best.pt"
 
 
 def generate(checkpoint, *extra, user_dir=PLUGIN_DIR, cwd=None):
+    """fairseq-generate on the test split; --min-len 0 lets length-0 examples be decoded empty."""
     return run("fairseq-generate", "--user-dir", user_dir, *TASK, "--path", str(checkpoint),
                "--gen-subset", "test", "--beam", "5", "--batch-size", "32",
-               "--required-batch-size-multiple", "1", "--cpu", *extra, cwd=cwd).stdout
+               "--required-batch-size-multiple", "1", "--cpu", "--min-len", "0", *extra, cwd=cwd)
 
 
 def test_trained_model_copies_with_beam_search(checkpoint):
-    out = generate(checkpoint, "--print-alignment")
+    out = generate(checkpoint, "--print-alignment").stdout
     assert re.search(r"^A-", out, re.M)
     check_copies(out, MIN_BLEU, MIN_ACCURACY, "end-to-end")
+
+
+def test_empty_source_decodes_to_empty_output_with_min_len_0(checkpoint):
+    """About 1 in L+1 copy examples is empty; with --min-len 0 the model ends them at once,
+    and the scorer counts an empty hypothesis for an empty reference as exactly right.
+    fairseq's default --min-len 1 forbids that output, and the task warns about it."""
+    result = generate(checkpoint)
+    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", result.stdout, re.M))
+    empty = [i for i, source in sources.items() if source == ""]
+    assert len(empty) >= 5  # 100 examples, lengths uniform in 0..8
+    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", result.stdout, re.M))
+    assert all(hypotheses[i] == "" for i in empty), {i: hypotheses[i] for i in empty}
+    hyps, refs = read_generate_output(result.stdout.splitlines())  # in sample-id order
+    pairs = dict(zip(sorted(sources, key=int), zip(hyps, refs)))
+    assert all(pairs[i] == ("", "") for i in empty)
+    assert score([h for h, _ in map(pairs.get, empty)], [""] * len(empty))["accuracy"] == 100.0
+    assert "forbids the empty output" not in result.stderr
+
+    forbidden = generate(checkpoint, "--min-len", "1")
+    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", forbidden.stdout, re.M))
+    assert all(hypotheses[i] != "" for i in empty)  # the option is obeyed, not overridden
+    assert ("--min-len 1 forbids the empty output, but length-0 copy examples (about 1 in 9 at "
+            "--copy-max-len 8) have an empty target") in forbidden.stderr
+    assert "pass --min-len 0" in forbidden.stderr
 
 
 def test_validate_and_interactive_load_the_checkpoint(checkpoint):
@@ -48,11 +78,12 @@ def test_validate_and_interactive_load_the_checkpoint(checkpoint):
               "--valid-subset", "valid", "--batch-size", "32", "--cpu")
     out = out.stdout + out.stderr  # fairseq logs to stdout or stderr depending on the version
     loss = float(re.search(r"valid on 'valid' subset \| loss ([\d.]+)", out).group(1))
-    assert loss < 1.0
+    assert loss < MAX_VALID_LOSS
 
     out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
-              "--beam", "5", "--cpu", stdin="3 1 4 1 5\n").stdout
+              "--beam", "5", "--cpu", "--min-len", "0", stdin="3 1 4 1 5\n\n").stdout
     assert re.search(r"^H-0\t\S+\t3 1 4 1 5$", out, re.M), out
+    assert re.search(r"^H-1\t\S+\t$", out, re.M), out  # the empty line: the empty output
 
 
 def test_user_dir_by_name_when_installed(checkpoint, tmp_path):
@@ -63,7 +94,7 @@ def test_user_dir_by_name_when_installed(checkpoint, tmp_path):
 
     if not os.path.isdir(os.path.join(os.path.dirname(fairseq.__file__), "..", "fairseq_memattn")):
         pytest.skip("fairseq_memattn is not installed (non-editable) beside fairseq")
-    out = generate(checkpoint, user_dir="fairseq_memattn", cwd=tmp_path)
+    out = generate(checkpoint, user_dir="fairseq_memattn", cwd=tmp_path).stdout
     assert read_generate_output(out.splitlines())[1]
 
 

@@ -16,7 +16,12 @@ from conftest import BIN, PLUGIN_DIR, REPO, clean_env
 from fairseq_memattn.torchrun_cpu import fairseq_distributed_args
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "distributed_rank.py")
-UPDATES = 20
+# The first update's loss is the untrained model's, near chance (log2 of 14 symbols: 3.81 bits);
+# a training that does not learn stays there. Drop to the mean of the last 10 of 40 updates,
+# `python tests/measure_trained.py distributed`: min 0.65, median 0.88, max 1.07 over seeds 1-5
+# with 1 thread and seeds 1-4 with 2 (the same values); 20 updates and the last update alone gave
+# min 0.35. Not learning leaves it near 0 (one update's loss swings, the mean of 10 much less).
+UPDATES, FINAL_UPDATES, MIN_LOSS_DROP = 40, 10, 0.35
 TRAIN = ["--user-dir", PLUGIN_DIR, "--task", "copy_task", "--copy-max-len", "8",
          "--copy-vocab-size", "10", "--copy-train-size", "2560", "--copy-valid-size", "32",
          "--copy-test-size", "32", "--arch", "lstm_memattn", "--memory-k", "4",
@@ -40,6 +45,11 @@ def losses(log):
     return [float(x) for x in re.findall(r"\| train_inner \|.*?loss=([\d.]+)", log)]
 
 
+def final_loss(curve):
+    """The mean over the last updates: one update's loss swings with its batch (0.8 to 3.5)."""
+    return sum(curve[-FINAL_UPDATES:]) / FINAL_UPDATES
+
+
 def check_ranks(dumps, log):
     rank0, rank1 = (torch.load(path) for path in dumps)
     assert (rank0["rank"], rank1["rank"]) == (0, 1)
@@ -51,8 +61,9 @@ def check_ranks(dumps, log):
     assert len(curve) == UPDATES, log[-3000:]
     # the global batch is both ranks' batches: 2 x 32 sentences
     assert re.search(r"train_inner \|.* bsz=64,", log)
-    print(f"loss {curve[0]} -> {curve[-1]} over {UPDATES} updates on 2 ranks")
-    assert curve[-1] < curve[0] - 0.3
+    print(f"loss {curve[0]} -> {final_loss(curve):.3f} (mean of the last {FINAL_UPDATES}) "
+          f"over {UPDATES} updates on 2 ranks")
+    assert final_loss(curve) < curve[0] - MIN_LOSS_DROP
     return curve
 
 
