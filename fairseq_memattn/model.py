@@ -68,6 +68,17 @@ def share_rows(new_order: Tensor, group: int) -> Tuple[Tensor, int]:
     return rows, 1
 
 
+def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
+    """Reorder tensors holding one row per ``group`` hypotheses (see
+    :func:`share_rows`); returns (tensors, new group). The usual beam step
+    moves hypotheses only within their source's block and copies nothing."""
+    rows, new_group = share_rows(new_order, group)
+    size = next(iter(tensors.values())).size(0)
+    if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
+        return tensors, new_group
+    return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
+
+
 def Embedding(dictionary, embed_dim):
     """Token embeddings initialised as fairseq's LSTM does (uniform, zero padding)."""
     embedding = nn.Embedding(len(dictionary), embed_dim, padding_idx=dictionary.pad())
@@ -150,16 +161,10 @@ class MemAttnEncoder(FairseqEncoder):
         }
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        rows, group = share_rows(new_order, encoder_out["group"])
-        unchanged = rows.numel() == encoder_out["final_state"].size(0) and torch.equal(
-            rows, torch.arange(rows.numel(), device=rows.device))
-        if unchanged:  # the usual beam step: hypotheses moved only within their source's block
-            return {**encoder_out, "group": group}
-        return {
-            "memory": {name: t.index_select(0, rows) for name, t in encoder_out["memory"].items()},
-            "final_state": encoder_out["final_state"].index_select(0, rows),
-            "group": group,
-        }
+        rows = {**encoder_out["memory"], "final_state": encoder_out["final_state"]}
+        rows, group = select_shared_rows(rows, new_order, encoder_out["group"])
+        final_state = rows.pop("final_state")
+        return {"memory": rows, "final_state": final_state, "group": group}
 
     def max_positions(self):
         # fairseq filters, skips or refuses longer sources with this limit, so a

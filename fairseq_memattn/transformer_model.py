@@ -46,20 +46,9 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor, nn
 
 from .attention import SCORE_FUNCTIONS, MemoryWrite, _check_choice, position_encoding_length, score_function
-from .model import add_memory_args, fill_position_max_len, memory_defaults, share_rows
+from .model import add_memory_args, fill_position_max_len, memory_defaults, select_shared_rows
 
 READ_MODES = ("attention", "mix")
-
-
-def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
-    """Reorder tensors holding one row per ``group`` hypotheses (see
-    ``model.share_rows``); returns (tensors, new group). The usual beam step
-    moves hypotheses only within their source's block and copies nothing."""
-    rows, new_group = share_rows(new_order, group)
-    size = next(iter(tensors.values())).size(0)
-    if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
-        return tensors, new_group
-    return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
 
 
 class MemAttnTransformerEncoder(TransformerEncoderBase):
