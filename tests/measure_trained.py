@@ -1,6 +1,6 @@
 """Measure what the tests that assert a trained result reach, over seeds and thread counts.
 
-    python tests/measure_trained.py cli distributed reliability wmt17 quickstart \\
+    python tests/measure_trained.py cli transformer distributed reliability wmt17 quickstart \\
         --seeds 1 2 3 4 5 --threads 1 2 --out /tmp/measure
 
 Each test fixes its seed, but another machine (CPU, thread count, BLAS build) ends a short
@@ -29,6 +29,7 @@ sys.path.insert(0, str(TESTS_DIR))
 import test_cli  # noqa: E402
 import test_distributed  # noqa: E402
 import test_reliability  # noqa: E402
+import test_transformer_memattn  # noqa: E402
 import test_wmt17  # noqa: E402
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env  # noqa: E402
 
@@ -49,15 +50,26 @@ def run(tool, *args, env, stdin=None):
     return result
 
 
-def measure_cli(run_dir, seed, env):
-    """test_cli.py: BLEU / accuracy of beam 5 with --min-len 0, best valid loss, interactive."""
-    run("fairseq-train", "--user-dir", PLUGIN_DIR, *test_cli.TASK, *test_cli.MODEL,
-        *with_seed(test_cli.TRAIN, seed), "--save-dir", run_dir, env=env)
+def train_and_copy(test, run_dir, seed, env):
+    """A copy-task test module's training, then its beam-5 decoding with --min-len 0, scored."""
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *test.TASK, *test.MODEL,
+        *with_seed(test.TRAIN, seed), "--save-dir", run_dir, env=env)
     checkpoint = run_dir / "checkpoint_best.pt"
-    out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *test_cli.TASK, "--path", checkpoint,
+    out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *test.TASK, "--path", checkpoint,
               "--gen-subset", "test", "--beam", "5", "--batch-size", "32",
               "--required-batch-size-multiple", "1", "--cpu", "--min-len", "0", env=env).stdout
-    result = score(*read_generate_output(out.splitlines()))
+    return checkpoint, score(*read_generate_output(out.splitlines()))
+
+
+def measure_transformer(run_dir, seed, env):
+    """test_transformer_memattn.py: BLEU / accuracy of beam 5 with --min-len 0."""
+    _, result = train_and_copy(test_transformer_memattn, run_dir, seed, env)
+    return {"bleu": result["bleu"], "accuracy": result["accuracy"]}
+
+
+def measure_cli(run_dir, seed, env):
+    """test_cli.py: BLEU / accuracy of beam 5 with --min-len 0, best valid loss, interactive."""
+    checkpoint, result = train_and_copy(test_cli, run_dir, seed, env)
     # fairseq-validate recomputes exactly this: the best checkpoint's validation loss
     valid_loss = torch.load(checkpoint, weights_only=True)["extra_state"]["best"]
     out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *test_cli.TASK, "--path", checkpoint,
@@ -137,7 +149,7 @@ def measure_quickstart(run_dir, seed, env):
 
 
 MEASURES = {"cli": measure_cli, "distributed": measure_distributed, "reliability": measure_reliability,
-            "wmt17": measure_wmt17, "quickstart": measure_quickstart}
+            "wmt17": measure_wmt17, "quickstart": measure_quickstart, "transformer": measure_transformer}
 
 
 def summary(rows):

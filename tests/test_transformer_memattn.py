@@ -343,15 +343,15 @@ MODEL = ["--arch", "transformer_memattn", "--memory-k", "16", "--memory-encoder-
 # Seeds 1-5 on 1 thread: BLEU 88.9 / 89.8 / 94.0 / 95.2 / 95.2, accuracy 88 / 90 / 92 / 93 / 95
 # (min/median/max BLEU 88.9 / 94.0 / 95.2); see the README's Transformer section.
 MIN_BLEU, MIN_ACCURACY = 80.0, 78.0
+TRAIN = ["--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
+         "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "12", "--seed", "1", "--cpu",
+         "--no-progress-bar", "--no-epoch-checkpoints"]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("copy_transformer")
-    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL,
-        "--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200",
-        "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "12", "--seed", "1", "--cpu",
-        "--no-progress-bar", "--no-epoch-checkpoints", "--save-dir", str(save_dir))
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *MODEL, *TRAIN, "--save-dir", str(save_dir))
     return save_dir / "checkpoint_best.pt"
 
 
