@@ -204,7 +204,7 @@ def test_bad_training_and_evaluation_requests(tmp_path, capsys):
 
     assert error("train", "en-de", "k16", "--data", str(tmp_path)).startswith(
         "wmt17: error: unknown configuration 'k16' (choose from att (standard attention), k32, k64,")
-    assert "k64_pe_sigmoid-softmax" in error("train", "en-de", "k32_tanh-softmax", "--data", str(tmp_path))
+    assert "k64_pe_softmax-softmax" in error("train", "en-de", "k32_tanh-softmax", "--data", str(tmp_path))
     assert error("train", "en-de", "k32", "--data", str(tmp_path)) == (
         f"wmt17: error: no binarized en-de data in {tmp_path / 'data-bin'}: run "
         f"recipes/wmt17/prepare.sh en-de --out {tmp_path} first")
@@ -230,6 +230,9 @@ def test_every_paper_configuration_has_a_command():
                     assert args[args.index("--memory-k") + 1] == str(k)
                     assert ("--memory-position-encoding" in args) == bool(pe)
                     assert args[-4:] == ["--memory-encoder-score", enc, "--memory-decoder-score", dec]
+        # no suffix: encoder sigmoid / decoder softmax, not the paper's worst (softmax/softmax)
+        plain = wmt17_run.config_args(f"k{k}_pe")
+        assert plain[-4:] == ["--memory-encoder-score", "sigmoid", "--memory-decoder-score", "softmax"]
 
 
 def test_download_step_detokenises_the_preprocessed_corpus(tmp_path, monkeypatch):
