@@ -404,17 +404,20 @@ class LinearAttention(Attention):
         written = states if self.gate is None else torch.sigmoid(self.gate(states)) * states
         written = widen(written)
         lengths = (~padding_mask).sum(dim=1).clamp_min(1).to(written.dtype)
-        written = written.masked_fill(padding_mask.unsqueeze(-1), 0.0) / lengths.sqrt()[:, None, None]
+        scale = lengths.sqrt()[:, None, None]
+        written = written.masked_fill(padding_mask.unsqueeze(-1), 0.0) / scale
         memory = {"covariance": sum_of_products(written.transpose(1, 2), written)}
         if self.keep_alignment:
-            memory["written"] = written
+            # c = sum_t (u_t^T q / |x|) u_t, so source t's weight is u_t^T q / |x|:
+            # the query's product with u_t / |x|, that is with written / sqrt(|x|).
+            memory["weight_keys"] = written / scale
         return memory
 
     def lookup(self, memory, query):
         q = self.query_proj(query)
         context = sum_of_products(q, memory["covariance"])  # (C q)^T = q^T C, C symmetric
-        # c = sum_t u_t (u_t^T q): the (unnormalised) weight of source t is u_t^T q.
-        weights = sum_of_products(q, memory["written"].transpose(1, 2)) if "written" in memory else None
+        keys = memory.get("weight_keys")
+        weights = None if keys is None else sum_of_products(q, keys.transpose(1, 2))
         return context, weights
 
 

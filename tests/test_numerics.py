@@ -94,11 +94,11 @@ def by_formula(name, attention, states, mask, query):
             beta = torch.sigmoid(raw_beta) if attention.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
             context = beta @ C  # Eq. 6
             a = beta @ alpha.T  # Sec. 5
-        else:  # cheap linear attention: c = (1/n) sum_t u_t u_t^T q, weights u_t^T q / sqrt(n)
+        else:  # cheap linear attention: c = (1/n) sum_t u_t u_t^T q, weights u_t^T q / n
             u = x if name == "linear" else torch.sigmoid(x @ P["gate.weight"].T + P["gate.bias"]) * x
             q = h @ P["query_proj.weight"].T
             context = sum(torch.outer(q @ u[t], u[t]) for t in range(n)) / n
-            a = q @ u.T / n**0.5
+            a = q @ u.T / n
         full = torch.zeros(h.size(0), S, dtype=torch.float64)
         full[:, keep] = a
         contexts.append(context)
