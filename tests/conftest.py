@@ -35,7 +35,7 @@ def clean_env(**extra):
 def run_fairseq(tool, *args, cwd=None, stdin=None, check=True):
     """Run a fairseq command line (fairseq-train, ...) to completion."""
     result = subprocess.run([os.path.join(BIN, tool), *args], cwd=cwd, env=clean_env(),
-                            input=stdin, capture_output=True, text=True, timeout=600)
+                            input=stdin, capture_output=True, text=True, timeout=1800)
     if check:
         assert result.returncode == 0, f"{tool} failed:\n{result.stderr[-3000:]}"
     return result
