@@ -10,7 +10,7 @@ import pytest
 from conftest import PLUGIN_DIR, check_copies
 from conftest import run_fairseq as run
 
-from fairseq_memattn.score import read_generate_output
+from fairseq_memattn.score import read_generate_output, score
 
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10",
         "--copy-train-size", "4000", "--copy-valid-size", "100", "--copy-test-size", "100"]

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from conftest import REPO, clean_env
 
 sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))

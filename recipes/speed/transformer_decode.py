@@ -84,7 +84,7 @@ def main(argv=None):
     base = statistics.median(times["transformer"]["total"])
     print(f"|S| = {args.source_len}, |T| = {args.target_len}, beam {args.beam}, {args.sources} sources, "
           f"{torch.get_num_threads()} thread(s), median of {args.repeats}")
-    print(f"| model | total s | encoder s | decoder ms/step | speed-up vs transformer |")
+    print("| model | total s | encoder s | decoder ms/step | speed-up vs transformer |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name in MODELS:
         total = statistics.median(times[name]["total"])
