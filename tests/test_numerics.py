@@ -352,7 +352,7 @@ def attention_problems(draw):
 @given(attention_problems())
 def test_any_sizes_match_the_formulas(problem):
     name, attention, states, mask, query, K = problem
-    B = states.size(0)
+    B, E = states.size(0), states.size(2)
     memory = attention.build_memory(states, mask)
     context, weights = attention.lookup(memory, query)
     assert all(tensor.size(0) == B for tensor in memory.values())
