@@ -1,4 +1,4 @@
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="fairseq_memattn",
@@ -6,7 +6,7 @@ setup(
     description="fairseq plugin: fixed-size memory attention (Britz, Guan & Luong, EMNLP 2017)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["fairseq_memattn"],
+    packages=find_packages(include=["fairseq_memattn", "fairseq_memattn.*"]),
     python_requires=">=3.9",
     # torch is not pinned here: install the build you want first (CPU or CUDA).
     # fairseq is not listed either, so that pip never replaces your own fairseq

@@ -30,7 +30,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from .attention import MemoryAttention, NoAttention
+from .modules.attention import MemoryAttention, NoAttention
 
 logger = logging.getLogger("fairseq_memattn.plot")
 

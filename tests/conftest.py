@@ -15,7 +15,7 @@ PLUGIN_DIR = os.path.join(REPO, "fairseq_memattn")
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, REPO)
 
-from fairseq_memattn.model import MemAttnLSTMModel  # noqa: E402
+from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel  # noqa: E402
 
 # A left-padded batch of three sources and decoder inputs for it (BOS = EOS first).
 SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]

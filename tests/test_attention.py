@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import attention_args, build_model, left_padded_batch, make_args
 
-from fairseq_memattn.attention import MemoryAttention, build_attention, position_encodings
+from fairseq_memattn.modules.attention import MemoryAttention, build_attention, position_encodings
 
 
 def random_states(lengths, dim=6, seed=0):
@@ -168,7 +168,7 @@ def test_no_attention_refuses_alignment(dictionary):
 
 
 def test_architecture_defaults():
-    from fairseq_memattn.model import base_architecture, wmt_architecture
+    from fairseq_memattn.models.lstm_memattn import base_architecture, wmt_architecture
     args = argparse.Namespace()
     base_architecture(args)
     assert (args.encoder_hidden_size, args.encoder_layers, args.memory_k, args.dropout) == (256, 2, 32, 0.2)

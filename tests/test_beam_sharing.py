@@ -1,39 +1,38 @@
-"""Beam search shares each source's memory among its hypotheses (model.share_rows)
+"""Beam search shares each source's memory among its hypotheses (modules/beam_sharing.py)
 and decodes exactly what one copy per hypothesis decodes."""
 
 import pytest
 import torch
 from conftest import ALL_ATTENTION, BEAM_SOURCES, beam_search, build_model
 
-from fairseq_memattn import model as model_module
-from fairseq_memattn.model import share_rows
+from fairseq_memattn.modules import beam_sharing
 
 
 def test_beam_expansion_keeps_one_row_per_source():
-    rows, group = share_rows(torch.arange(3).repeat_interleave(4), group=1)
+    rows, group = beam_sharing.share_rows(torch.arange(3).repeat_interleave(4), group=1)
     assert rows.tolist() == [0, 1, 2] and group == 4
 
 
 def test_moves_within_blocks_keep_the_rows():
     new_order = torch.tensor([1, 1, 0, 5, 3, 4])  # beam 3: hypotheses moved within blocks
-    rows, group = share_rows(new_order, group=3)
+    rows, group = beam_sharing.share_rows(new_order, group=3)
     assert rows.tolist() == [0, 1] and group == 3
 
 
 def test_finished_sentences_drop_their_rows():
     new_order = torch.tensor([1, 0, 5, 5])  # beam 2, 3 sources: the second one finished
-    rows, group = share_rows(new_order, group=2)
+    rows, group = beam_sharing.share_rows(new_order, group=2)
     assert rows.tolist() == [0, 2] and group == 2
 
 
 def test_other_orders_fall_back_to_a_row_per_hypothesis():
     new_order = torch.tensor([0, 2, 3, 3, 1])
-    rows, group = share_rows(new_order, group=2)
+    rows, group = beam_sharing.share_rows(new_order, group=2)
     assert rows.tolist() == [0, 1, 1, 1, 0] and group == 1
 
 
 def test_no_hypotheses_left():
-    rows, group = share_rows(torch.zeros(0, dtype=torch.long), group=4)
+    rows, group = beam_sharing.share_rows(torch.zeros(0, dtype=torch.long), group=4)
     assert rows.numel() == 0 and group == 1
 
 
@@ -60,7 +59,7 @@ def test_shared_memory_decodes_like_a_copy_per_hypothesis(dictionary, attention_
     model.decoder.make_generation_fast_(need_attn=attention_type != "none")
     shared = beam_search_with_varied_lengths(model, dictionary)
     # The reference: every reorder selects one row per hypothesis, as fairseq's own models do.
-    monkeypatch.setattr(model_module, "share_rows", lambda new_order, group: (new_order // group, 1))
+    monkeypatch.setattr(beam_sharing, "share_rows", lambda new_order, group: (new_order // group, 1))
     copied = beam_search(model, dictionary)
 
     for shared_hypos, copied_hypos in zip(shared, copied):

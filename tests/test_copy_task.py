@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from fairseq_memattn.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
+from fairseq_memattn.tasks.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
 from fairseq_memattn.score import read_generate_output, score
 
 BIN = os.path.dirname(sys.executable)
@@ -26,7 +26,7 @@ def task_strings(cfg, split):
 
 def test_same_examples_in_another_process():
     cfg = CopyTaskConfig(copy_max_len=7, copy_valid_size=50)
-    code = ("from fairseq_memattn.copy_task import CopyTaskConfig, copy_examples;"
+    code = ("from fairseq_memattn.tasks.copy_task import CopyTaskConfig, copy_examples;"
             "print(copy_examples(CopyTaskConfig(copy_max_len=7, copy_valid_size=50), 'valid'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": REPO}).stdout
@@ -97,7 +97,7 @@ def test_unknown_split():
 
 
 def test_export_command_rejects_bad_values(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.copy_task", "--out-dir", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.tasks.copy_task", "--out-dir", str(tmp_path),
                              "--copy-vocab-size", "0"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": REPO})
     assert result.returncode == 2

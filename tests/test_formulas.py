@@ -37,7 +37,7 @@ import pytest
 import torch
 from conftest import PREV_OUTPUT, SOURCES, build_model, left_padded_batch
 
-from fairseq_memattn.attention import (AdditiveAttention, DotAttention, GeneralAttention,
+from fairseq_memattn.modules.attention import (AdditiveAttention, DotAttention, GeneralAttention,
                                        LinearAttention, MemoryAttention, NoAttention)
 
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -14,7 +14,7 @@ import torch
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env
 from fairseq.hub_utils import GeneratorHubInterface
 
-from fairseq_memattn.model import MemAttnLSTMModel
+from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
 
 SENTENCES = ["The dog sees the house.", "Red bird.", "The old horse has the green apple."]
 

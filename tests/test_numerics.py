@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_map
 
-from fairseq_memattn.attention import build_attention, masked_fill_min, score_function
+from fairseq_memattn.modules.attention import build_attention, masked_fill_min, score_function
 
 # Every attention variant, as build_attention options.
 VARIANTS = {

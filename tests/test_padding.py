@@ -10,7 +10,7 @@ import torch
 from conftest import PLUGIN_DIR, PREV_OUTPUT, SOURCES, build_every_model, for_every_model
 from test_reliability import run_together
 
-from fairseq_memattn.copy_task import CopyTaskConfig, export_copy_data
+from fairseq_memattn.tasks.copy_task import CopyTaskConfig, export_copy_data
 
 
 def padded_batch(dictionary, sentences, left):

@@ -1,5 +1,5 @@
 """transformer_memattn: the Transformer whose decoder reads a K-row memory
-(transformer_model.py), against the paper's equations, fairseq's own
+(models/transformer_memattn.py), against the paper's equations, fairseq's own
 multi-head attention, incremental decoding, padding, beam search and the
 command lines."""
 
@@ -15,8 +15,8 @@ from conftest import run_fairseq as run
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
 
-from fairseq_memattn import model as model_module
-from fairseq_memattn.transformer_model import (
+from fairseq_memattn.modules import beam_sharing
+from fairseq_memattn.models.transformer_memattn import (
     MemAttnTransformerModel,
     MemoryAttentionRead,
     MemoryMixRead,
@@ -246,7 +246,7 @@ def test_shared_memory_decodes_like_a_copy_per_hypothesis(dictionary, memory_rea
     model = with_alignments(build_transformer(dictionary, memory_read=memory_read, per_layer=per_layer))
     shared = beam_search_with_varied_lengths(model, dictionary)
     # The reference: every reorder selects one row per hypothesis, as fairseq's own models do.
-    monkeypatch.setattr(model_module, "share_rows",
+    monkeypatch.setattr(beam_sharing, "share_rows",
                         lambda new_order, group: (new_order // group, 1))
     copied = beam_search(model, dictionary)
     for shared_hypos, copied_hypos in zip(shared, copied):

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python recipes/speed/additive_memory.py --out results/speed/additive_memory.md
 
 Without input feeding the decoder looks up all T target steps in one call, and Bahdanau's
-f_att = v^T tanh(W_q h_i + W_s s_j) then needs a B x T x S x A tensor (attention.py,
+f_att = v^T tanh(W_q h_i + W_s s_j) then needs a B x T x S x A tensor (modules/attention.py,
 AdditiveAttention). At the paper's copy setting (B = 128, T = S = 200, 2 x 256 bi-LSTM
 encoder, 256-unit decoder, A = 256) that is 5.2 GB in float32. Each configuration runs in its
 own process: encoder states and decoder states (random, requiring gradients) -> build_memory ->
@@ -39,7 +39,7 @@ def measure(batch, length, attention_dim, budget_mib, device):
     """One forward + backward pass in this process; returns peak bytes above the start and seconds."""
     import torch
 
-    from fairseq_memattn.attention import AdditiveAttention
+    from fairseq_memattn.modules.attention import AdditiveAttention
 
     torch.manual_seed(0)
     encoder_dim, decoder_dim = 512, 256

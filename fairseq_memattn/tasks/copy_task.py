@@ -157,7 +157,7 @@ def export_copy_data(cfg, out_dir: str, splits=SPLITS) -> None:
 
 
 def main(argv=None):
-    """python -m fairseq_memattn.copy_task --out-dir DIR [--copy-* options]"""
+    """python -m fairseq_memattn.tasks.copy_task --out-dir DIR [--copy-* options]"""
     parser = argparse.ArgumentParser(
         description="Write the copy task's splits as parallel text for fairseq-preprocess "
                     "(the same examples --task copy_task generates with the same options)."

@@ -13,7 +13,7 @@ change:
   memory: ``--memory-read attention`` (fairseq's multi-head attention over the
   K rows) or ``--memory-read mix`` (the paper's Eq. 6-7, per layer).
 
-Beam search. As in the LSTM model (``model.share_rows``), ``encoder_out`` holds
+Beam search. As in the LSTM model (``modules/beam_sharing.py``), ``encoder_out`` holds
 one row per source, shared by the ``group`` consecutive hypotheses of that
 source, and reordering moves whole rows only when a source finishes. What a
 read derives from the memory (keys and values) is computed at the first
@@ -45,8 +45,9 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor, nn
 
-from .attention import SCORE_FUNCTIONS, MemoryWrite, _check_choice, position_encoding_length, score_function
-from .model import add_memory_args, fill_position_max_len, memory_defaults, select_shared_rows
+from ..modules.attention import SCORE_FUNCTIONS, MemoryWrite, _check_choice, position_encoding_length, score_function
+from ..modules.beam_sharing import select_shared_rows
+from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 READ_MODES = ("attention", "mix")
 

@@ -7,7 +7,7 @@ Every variant is an ``nn.Module`` with two methods:
   as ``src_tokens``) into a *memory*: a dict of batch-first tensors. Only the
   memory, never the encoder states themselves unless the variant really needs
   them, travels through beam search (one row per source, shared by its
-  hypotheses: see ``model.share_rows``). Sums over source positions are kept
+  hypotheses: see ``modules/beam_sharing.py``). Sums over source positions are kept
   in float32 even for a half-precision model (see :func:`sum_of_products`).
 * ``lookup(memory, query)`` runs for decoder states (B x T x H, T = 1 while
   decoding step by step) and returns ``(context, weights)``: the context vector
@@ -284,7 +284,7 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
 class MemoryWrite(nn.Module):
     """The encoder side of Sec. 3, on its own: the write of Eq. 4-5 (with the
     position encodings of Eq. 8-10), shared by the LSTM's memory attention and
-    the Transformer's memory (``transformer_model.py``).
+    the Transformer's memory (``models/transformer_memattn.py``).
 
         alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
 

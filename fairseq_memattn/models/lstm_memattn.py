@@ -2,7 +2,7 @@
 
 Laid out like fairseq's own ``fairseq/models/lstm.py``: a model class that
 reads the command line, an encoder, an incremental decoder, and named
-architectures that fill in defaults. The attention (see ``attention.py``)
+architectures that fill in defaults. The attention (``modules/attention.py``)
 is shared by both halves: the encoder builds its memory once per source, the
 decoder looks it up at every step.
 """
@@ -10,11 +10,10 @@ decoder looks it up at every step.
 import argparse
 import logging
 import re
-from typing import Dict, Tuple
+from typing import Dict
 
-import numpy as np
 import torch
-from fairseq import hub_utils, utils
+from fairseq import hub_utils
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -25,13 +24,13 @@ from fairseq.models import (
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .attention import (
+from ..hub import MemAttnHubInterface
+from ..modules.attention import (
     ATTENTION_TYPES,
-    ENCODER_NORMALIZATIONS,
-    SCORE_FUNCTIONS,
     build_attention,
 )
-from .hub import MemAttnHubInterface
+from ..modules.beam_sharing import select_shared_rows
+from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -45,38 +44,6 @@ def tokens_first(padding_mask: Tensor) -> Tensor:
     padding: the permutation that moves a row's padding to its end, whichever
     side (or sides) it was on (padding_mask is B x S, True at padding)."""
     return torch.argsort(padding_mask.to(torch.uint8), dim=1, stable=True)
-
-
-def share_rows(new_order: Tensor, group: int) -> Tuple[Tensor, int]:
-    """Where each hypothesis finds its source after beam search reorders them.
-
-    Rows of ``encoder_out`` stand for blocks of ``group`` consecutive
-    hypotheses (hypothesis j reads row j // group). After reordering by
-    ``new_order`` hypothesis j reads old row ``new_order[j] // group``.
-    fairseq's SequenceGenerator keeps each source's hypotheses in one block
-    of ``beam`` rows, so these runs are all as long as the beam: the new rows
-    are one per run, and ``encoder_out`` never holds a copy per hypothesis.
-    Any other order falls back to one row per hypothesis (group 1).
-    Returns (old rows to select, new group).
-    """
-    rows = new_order // group
-    if rows.numel() == 0:
-        return rows, 1
-    runs, lengths = torch.unique_consecutive(rows, return_counts=True)
-    if bool((lengths == lengths[0]).all()):
-        return runs, int(lengths[0])
-    return rows, 1
-
-
-def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
-    """Reorder tensors holding one row per ``group`` hypotheses (see
-    :func:`share_rows`); returns (tensors, new group). The usual beam step
-    moves hypotheses only within their source's block and copies nothing."""
-    rows, new_group = share_rows(new_order, group)
-    size = next(iter(tensors.values())).size(0)
-    if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
-        return tensors, new_group
-    return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
 
 
 def Embedding(dictionary, embed_dim):
@@ -110,7 +77,7 @@ class MemAttnEncoder(FairseqEncoder):
     """Bidirectional multi-layer LSTM; returns the attention's memory, not the states.
 
     ``encoder_out`` is a dict of batch-first tensors:
-      * ``memory``: what the attention built from the states (see attention.py);
+      * ``memory``: what the attention built from the states (see modules/attention.py);
       * ``final_state``: B x 4H, the top layer's last h and c in both
         directions, from which the decoder starts;
       * ``group``: how many consecutive decoder rows share each row above.
@@ -259,7 +226,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
     def lookup(self, encoder_out, hidden):
         """The attention's lookup for B*group x T queries in B rows of memory:
         the hypotheses sharing a row are looked up as extra query steps. The
-        context comes back in float32 for a half-precision model (attention.py)
+        context comes back in float32 for a half-precision model (modules/attention.py)
         and continues in the decoder's precision."""
         group = encoder_out["group"]
         rows, steps = hidden.size(0) // group, hidden.size(1)
@@ -308,39 +275,6 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
             raise ValueError(NO_ALIGNMENT)
         # fairseq passes print_alignment itself, None when it is not given: that is a "no".
         self.need_attn = bool(need_attn)
-
-
-def add_memory_args(parser):
-    """The options of memory attention (Sec. 3), shared by the LSTM and the
-    Transformer models."""
-    parser.add_argument("--memory-k", type=int, metavar="K",
-                        help="number of attention contexts K of memory attention")
-    parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
-    parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
-    parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
-                        help="axis of an encoder-side softmax: over the K contexts as in "
-                             "Eq. 5 (contexts) or over source positions (time)")
-    # SUPPRESS so that an architecture's own default applies when neither is given.
-    parser.add_argument("--memory-position-encoding", action="store_true",
-                        default=argparse.SUPPRESS,
-                        help="multiply Eq. 10 position encodings into the encoder scores")
-    parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
-                        action="store_false", default=argparse.SUPPRESS,
-                        help="turn position encodings off")
-    parser.add_argument("--memory-position-max-len", type=int, metavar="S",
-                        help="S of Eq. 10, the longest source (tokens, EOS included) the position "
-                             "encodings cover; default: the longest source of the training data, "
-                             "read when the model is built for training and kept in the checkpoint")
-
-
-def memory_defaults(args, memory_k, position_encoding):
-    """Defaults of the options add_memory_args adds, for an architecture."""
-    args.memory_k = getattr(args, "memory_k", memory_k)
-    args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
-    args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
-    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
-    args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
-    args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
 
 
 @register_model("memattn_lstm")
@@ -414,72 +348,6 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
         if strict:
             check_checkpoint_fits(state_dict, self.state_dict())
         return super().load_state_dict(state_dict, strict, model_cfg, args)
-
-
-def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:
-    """Source and target sizes (EOS included, as fairseq counts them) of a
-    split: from the task if it can tell them without making the examples (our
-    copy_task), else from its dataset (fairseq's translation task and every task
-    built on LanguagePairDataset: the binarized data's index, one pass per data
-    shard)."""
-    if hasattr(task, "source_target_sizes"):
-        return task.source_target_sizes(split)
-    if not hasattr(task, "load_dataset"):
-        raise ValueError("it has no datasets")
-    data = getattr(getattr(task, "cfg", None), "data", None)
-    shards = len(utils.split_paths(data)) if data else 1
-    sources, targets = [], []
-    for epoch in range(1, shards + 1):
-        task.load_dataset(split, epoch=epoch, combine=True)
-        dataset = task.datasets.pop(split)  # fairseq-train loads it again, per epoch
-        if getattr(dataset, "src_sizes", None) is None:
-            raise ValueError(f"its {split!r} dataset ({type(dataset).__name__}) has no source sizes")
-        sources.append(dataset.src_sizes)
-        if getattr(dataset, "tgt_sizes", None) is not None:
-            targets.append(dataset.tgt_sizes)
-    return np.concatenate(sources), np.concatenate(targets) if targets else None
-
-
-def fill_position_max_len(args, task) -> None:
-    """With position encodings and no --memory-position-max-len, S is the
-    training data's longest source, stored in args so that the checkpoint
-    keeps the S the model was trained with."""
-    if args.memory_position_encoding and args.memory_position_max_len is None:
-        args.memory_position_max_len = longest_training_source(args, task)
-
-
-def longest_training_source(args, task) -> int:
-    """S of Eq. 10 as the paper defines it: the longest source sequence of the
-    training data, EOS included, among the pairs fairseq trains on (sources up
-    to --max-source-positions, targets up to --max-target-positions).
-
-    A fixed default would not do: with S much longer than the sentences
-    (s << S) the first K-1 rows of Eq. 10 are nearly flat, a different model
-    from the paper's. Where the training data cannot be read, stop and say
-    what to pass.
-    """
-    split = getattr(args, "train_subset", "train")
-    try:
-        sources, targets = source_target_sizes(task, split)
-        kept = sources <= args.max_source_positions
-        if targets is not None:
-            kept &= targets <= args.max_target_positions
-        if not kept.any():
-            raise ValueError(f"no pair of its {split!r} split fits --max-source-positions "
-                             f"{args.max_source_positions} / --max-target-positions "
-                             f"{args.max_target_positions}")
-    except (FileNotFoundError, NotImplementedError, ValueError) as reason:
-        raise ValueError(
-            f"--memory-position-encoding needs S of Eq. 10, the longest source the model trains "
-            f"on, and it could not be read from the training data of task "
-            f"{type(task).__name__} ({reason}): pass --memory-position-max-len S with the number "
-            f"of tokens of your longest training source, EOS included (fairseq-preprocess's "
-            f"binarized length), or --no-memory-position-encoding"
-        ) from reason
-    longest = int(sources[kept].max())
-    logger.info(f"position encodings (Eq. 10): S = {longest}, the longest source of the {split!r} "
-                f"split (EOS included); kept in the checkpoint as --memory-position-max-len {longest}")
-    return longest
 
 
 def _dim(state, name, dim):

@@ -1,0 +1,112 @@
+"""The command-line options of memory attention (Sec. 3) and S of Eq. 10 read
+from the training data: shared by the LSTM and the Transformer models."""
+
+import argparse
+import logging
+from typing import Tuple
+
+import numpy as np
+from fairseq import utils
+
+from ..modules.attention import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS
+
+logger = logging.getLogger(__name__)
+
+
+def add_memory_args(parser):
+    """The options of memory attention (Sec. 3), shared by the LSTM and the
+    Transformer models."""
+    parser.add_argument("--memory-k", type=int, metavar="K",
+                        help="number of attention contexts K of memory attention")
+    parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
+    parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
+    parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
+                        help="axis of an encoder-side softmax: over the K contexts as in "
+                             "Eq. 5 (contexts) or over source positions (time)")
+    # SUPPRESS so that an architecture's own default applies when neither is given.
+    parser.add_argument("--memory-position-encoding", action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="multiply Eq. 10 position encodings into the encoder scores")
+    parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
+                        action="store_false", default=argparse.SUPPRESS,
+                        help="turn position encodings off")
+    parser.add_argument("--memory-position-max-len", type=int, metavar="S",
+                        help="S of Eq. 10, the longest source (tokens, EOS included) the position "
+                             "encodings cover; default: the longest source of the training data, "
+                             "read when the model is built for training and kept in the checkpoint")
+
+
+def memory_defaults(args, memory_k, position_encoding):
+    """Defaults of the options add_memory_args adds, for an architecture."""
+    args.memory_k = getattr(args, "memory_k", memory_k)
+    args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
+    args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
+    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
+    args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
+    args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
+
+
+def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Source and target sizes (EOS included, as fairseq counts them) of a
+    split: from the task if it can tell them without making the examples (our
+    copy_task), else from its dataset (fairseq's translation task and every task
+    built on LanguagePairDataset: the binarized data's index, one pass per data
+    shard)."""
+    if hasattr(task, "source_target_sizes"):
+        return task.source_target_sizes(split)
+    if not hasattr(task, "load_dataset"):
+        raise ValueError("it has no datasets")
+    data = getattr(getattr(task, "cfg", None), "data", None)
+    shards = len(utils.split_paths(data)) if data else 1
+    sources, targets = [], []
+    for epoch in range(1, shards + 1):
+        task.load_dataset(split, epoch=epoch, combine=True)
+        dataset = task.datasets.pop(split)  # fairseq-train loads it again, per epoch
+        if getattr(dataset, "src_sizes", None) is None:
+            raise ValueError(f"its {split!r} dataset ({type(dataset).__name__}) has no source sizes")
+        sources.append(dataset.src_sizes)
+        if getattr(dataset, "tgt_sizes", None) is not None:
+            targets.append(dataset.tgt_sizes)
+    return np.concatenate(sources), np.concatenate(targets) if targets else None
+
+
+def fill_position_max_len(args, task) -> None:
+    """With position encodings and no --memory-position-max-len, S is the
+    training data's longest source, stored in args so that the checkpoint
+    keeps the S the model was trained with."""
+    if args.memory_position_encoding and args.memory_position_max_len is None:
+        args.memory_position_max_len = longest_training_source(args, task)
+
+
+def longest_training_source(args, task) -> int:
+    """S of Eq. 10 as the paper defines it: the longest source sequence of the
+    training data, EOS included, among the pairs fairseq trains on (sources up
+    to --max-source-positions, targets up to --max-target-positions).
+
+    A fixed default would not do: with S much longer than the sentences
+    (s << S) the first K-1 rows of Eq. 10 are nearly flat, a different model
+    from the paper's. Where the training data cannot be read, stop and say
+    what to pass.
+    """
+    split = getattr(args, "train_subset", "train")
+    try:
+        sources, targets = source_target_sizes(task, split)
+        kept = sources <= args.max_source_positions
+        if targets is not None:
+            kept &= targets <= args.max_target_positions
+        if not kept.any():
+            raise ValueError(f"no pair of its {split!r} split fits --max-source-positions "
+                             f"{args.max_source_positions} / --max-target-positions "
+                             f"{args.max_target_positions}")
+    except (FileNotFoundError, NotImplementedError, ValueError) as reason:
+        raise ValueError(
+            f"--memory-position-encoding needs S of Eq. 10, the longest source the model trains "
+            f"on, and it could not be read from the training data of task "
+            f"{type(task).__name__} ({reason}): pass --memory-position-max-len S with the number "
+            f"of tokens of your longest training source, EOS included (fairseq-preprocess's "
+            f"binarized length), or --no-memory-position-encoding"
+        ) from reason
+    longest = int(sources[kept].max())
+    logger.info(f"position encodings (Eq. 10): S = {longest}, the longest source of the {split!r} "
+                f"split (EOS included); kept in the checkpoint as --memory-position-max-len {longest}")
+    return longest

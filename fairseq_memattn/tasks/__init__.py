@@ -1,0 +1,3 @@
+"""The copy task of Sec. 4.1."""
+
+from . import copy_task  # noqa: F401
