@@ -32,6 +32,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from fairseq_memattn.train_log import plot_curves, read_train_log  # noqa: E402
 
 # Paper Table 1: BLEU (decode time in seconds on a K40m) per length and model.
 PAPER = {
@@ -150,33 +152,6 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
     return order
 
 
-def read_train_log(path):
-    """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
-    how training stopped ("converged": --patience; "cap": --max-update; None: not finished),
-    the updates done, and the cumulative wall-clock seconds (fairseq restores its meters on resume)."""
-    curve, stopped, wall, finished = {}, None, 0.0, False
-    with open(path) as f:
-        for line in f:
-            m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
-            if m:
-                curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
-            m = re.search(r"\bwall=([\d.]+)", line) or re.search(r"\| wall ([\d.]+)", line)
-            if m:
-                wall = float(m.group(1))
-            if "early stop since valid performance hasn't improved" in line:
-                stopped = "converged"
-            elif "Stopping training due to num_updates" in line:
-                stopped = stopped or "cap"
-            elif "fairseq_cli.train | {" in line:  # a (re)start: an earlier stop does not count
-                stopped, finished = None, False
-            elif "done training in" in line:
-                finished = True
-    curve = sorted(curve.items())
-    best = min(curve, key=lambda point: point[1]) if curve else (0, math.nan)
-    return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
-                best_update=best[0], best_valid_loss=best[1], train_seconds=wall)
-
-
 def read_run(run_dir):
     with open(os.path.join(run_dir, "score.json")) as f:
         result = json.load(f)
@@ -187,14 +162,14 @@ def read_run(run_dir):
     return result
 
 
-def train_and_score(run_dir, length, args, preset, seed):
-    """One run through train_eval.sh; False if it failed (the sweep goes on, a restart retries it)."""
+def train_and_score(run_dir, copy_args, train_args, seed):
+    """One run through train_eval.sh (copy_args: the task's options, a string; train_args:
+    fairseq-train's); False if it failed (a sweep goes on, a restart retries it)."""
     log = os.path.join(run_dir, "train.log")
     trained = os.path.exists(log) and read_train_log(log)["stopped"] is not None
     print(f"== {os.path.basename(run_dir)}: {'decoding' if trained else 'training'}", flush=True)
-    copy_args = " ".join([f"--copy-max-len {length}", *PRESETS[preset]["copy"]])
     env = {**os.environ, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
-    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *args, *PRESETS[preset]["train"],
+    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args,
                "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
     if subprocess.run(command, env=env).returncode != 0:
         print(f"== {os.path.basename(run_dir)}: FAILED (see its train.log / generate.log)", flush=True)
@@ -292,24 +267,6 @@ def write_tables(out, results, lengths, models, preset, command):
                 f.write(f"| {L} | {m} | " + " | ".join(cells) + " |\n")
 
 
-def plot_curves(path, title, curves):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, curve in curves.items():
-        if curve:
-            ax.plot(*zip(*curve), marker=".", label=label)
-    ax.set(xlabel="training steps", ylabel="validation loss (base 2)", yscale="log", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def write_figures(out, results, lengths, models, fig3b_k):
     longest = max(lengths)
     fig3a = {}
@@ -362,7 +319,8 @@ def main(argv=None):
         run_dir = os.path.join(args.out, "runs", run_name(length, model, scoring, seed))
         if os.path.exists(os.path.join(run_dir, "score.json")):
             print(f"== {os.path.basename(run_dir)}: done already, skipped", flush=True)
-        elif not train_and_score(run_dir, length, model_args(model, scoring), args.preset, seed):
+        elif not train_and_score(run_dir, " ".join([f"--copy-max-len {length}", *preset["copy"]]),
+                                 [*model_args(model, scoring), *preset["train"]], seed):
             continue
         results[(length, model, scoring, seed)] = read_run(run_dir)
         write_tables(args.out, results, lengths, models, args.preset, command)  # progress stays visible

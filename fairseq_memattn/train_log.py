@@ -1,0 +1,52 @@
+"""What a fairseq-train log says (validation curve, how and when training stopped) and
+learning-curve plots: shared by the recipes (copy-task sweeps, real-data comparisons)."""
+
+import logging
+import math
+import re
+
+
+def read_train_log(path):
+    """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
+    how training stopped ("converged": --patience; "cap": --max-update; None: not finished),
+    the updates done, and the cumulative wall-clock seconds (fairseq restores its meters on resume)."""
+    curve, stopped, wall, finished = {}, None, 0.0, False
+    with open(path) as f:
+        for line in f:
+            m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
+            if m:
+                curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
+            m = re.search(r"\bwall=([\d.]+)", line) or re.search(r"\| wall ([\d.]+)", line)
+            if m:
+                wall = float(m.group(1))
+            if "early stop since valid performance hasn't improved" in line:
+                stopped = "converged"
+            elif "Stopping training due to num_updates" in line:
+                stopped = stopped or "cap"
+            elif "fairseq_cli.train | {" in line:  # a (re)start: an earlier stop does not count
+                stopped, finished = None, False
+            elif "done training in" in line:
+                finished = True
+    curve = sorted(curve.items())
+    best = min(curve, key=lambda point: point[1]) if curve else (0, math.nan)
+    return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
+                best_update=best[0], best_valid_loss=best[1], train_seconds=wall)
+
+
+def plot_curves(path, title, curves):
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging set-up is verbose
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curve in curves.items():
+        if curve:
+            ax.plot(*zip(*curve), marker=".", label=label)
+    ax.set(xlabel="training steps", ylabel="validation loss (base 2)", yscale="log", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

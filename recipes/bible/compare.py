@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Quality on real data at an equal CPU budget: memory attention against its peers on the
+offline en-fr Bible corpus (public-domain translations, split by book; ../shared/corpora/bible.py).
+
+    python ../shared/corpora/bible.py data/bible/raw                       # 29,518 / 1,151 / 433 verses
+    python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir data/bible/raw --out data/bible/en-fr \\
+        --vocab-size 8000                                                   # joint sentencepiece BPE
+    OMP_NUM_THREADS=1 python recipes/bible/compare.py train transformer_memattn --data data/bible/en-fr
+    OMP_NUM_THREADS=1 python recipes/bible/compare.py train transformer --data data/bible/en-fr
+    python recipes/bible/compare.py report --data data/bible/en-fr           # evaluate, table, curves
+
+Each model trains for the same number of updates (--max-update, the budget; one thread each, the
+pair side by side so that both see the same machine) and keeps the checkpoint with the best
+validation loss; ``report`` decodes the test split (Romans) with beam 5, removes the BPE and scores
+with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md and OUT/curves.png. Re-running
+``train`` resumes from the run's checkpoint_last.pt; ``report`` skips finished evaluations.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+PLUGIN = os.path.join(REPO, "fairseq_memattn")
+sys.path.insert(0, REPO)
+from fairseq_memattn.train_log import plot_curves, read_train_log  # noqa: E402
+
+# A small Transformer (3 + 3 layers of 256 units, 4 heads, FFN 1024), the same for both.
+SMALL_TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
+                     "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+                     "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
+                     "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
+                     "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3",
+                     "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "1000", "--dropout", "0.3",
+                     "--weight-decay", "0.0001", "--criterion", "label_smoothed_cross_entropy",
+                     "--label-smoothing", "0.1", "--max-tokens", "4096"]
+# The paper's LSTM (Sec. 4.2) at CPU size: 256 units, Adam 1e-3, batches of 64 sentences.
+SMALL_LSTM = ["--encoder-hidden-size", "256", "--decoder-hidden-size", "256",
+              "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--dropout", "0.2",
+              "--optimizer", "adam", "--lr", "1e-3", "--clip-norm", "1", "--batch-size", "64",
+              "--criterion", "cross_entropy"]
+MODELS = {
+    "transformer": ["--arch", "transformer_iwslt_de_en", *SMALL_TRANSFORMER],
+    "transformer_memattn": ["--arch", "transformer_memattn_iwslt_de_en", "--memory-k", "64",
+                            *SMALL_TRANSFORMER],
+    "lstm_att": ["--arch", "lstm_memattn_wmt", "--attention-type", "additive",
+                 "--no-memory-position-encoding", *SMALL_LSTM],
+    # Table 2's best row: K = 64 with position encodings, encoder sigmoid / decoder softmax
+    # (wmt17_run.DEFAULT_SCORES, chosen on validation).
+    "lstm_memattn": ["--arch", "lstm_memattn_wmt", "--attention-type", "memory", "--memory-k", "64",
+                     "--memory-position-encoding", "--memory-encoder-score", "sigmoid",
+                     "--memory-decoder-score", "softmax", *SMALL_LSTM],
+}
+PAIRS = {"transformer_memattn": "transformer", "lstm_memattn": "lstm_att"}
+
+
+def fairseq_tool(name):
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def train(args):
+    run = os.path.join(args.out, args.model)
+    os.makedirs(run, exist_ok=True)
+    command = [fairseq_tool("fairseq-train"), os.path.join(args.data, "data-bin"), "--user-dir", PLUGIN,
+               "--task", "translation", "--source-lang", "en", "--target-lang", "fr",
+               *MODELS[args.model], "--max-update", str(args.max_update), "--seed", str(args.seed),
+               "--max-source-positions", "256", "--max-target-positions", "256",
+               "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
+               "--no-epoch-checkpoints", "--save-dir", os.path.join(args.checkpoints, args.model),
+               "--log-format", "simple", "--log-interval", "50", "--cpu", *args.extra]
+    with open(os.path.join(run, "train.log"), "a", encoding="utf-8") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def report(args):
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for model in MODELS:
+        run = os.path.join(args.out, model)
+        checkpoint = os.path.join(args.checkpoints, model, "checkpoint_best.pt")
+        if not os.path.isfile(os.path.join(run, "train.log")):
+            continue
+        score_file = os.path.join(run, "score.json")
+        if not os.path.isfile(score_file) and os.path.isfile(checkpoint):
+            result = subprocess.run(
+                [sys.executable, "-m", "fairseq_memattn.wmt17_run", "evaluate", "en-fr", checkpoint,
+                 "--data", args.data, "--gpus", "0", "--out", run, "--beam", "5"],
+                capture_output=True, text=True, cwd=REPO)
+            with open(os.path.join(run, "evaluate.log"), "w", encoding="utf-8") as f:
+                f.write(result.stdout + result.stderr)
+            if result.returncode != 0:
+                sys.exit(f"evaluation of {model} failed: see {run}/evaluate.log")
+            with open(score_file, "w", encoding="utf-8") as f:
+                f.write(result.stdout.strip().splitlines()[-1] + "\n")
+        score = json.load(open(score_file)) if os.path.isfile(score_file) else {}
+        rows.append((model, read_train_log(os.path.join(run, "train.log")), score))
+    write_table(args.out, rows)
+    plot_curves(os.path.join(args.out, "curves.png"), "Bible en-fr: equal number of updates",
+                {model: log["curve"] for model, log, _ in rows})
+
+
+def write_table(out, rows):
+    lines = ["| model | updates | training wall (s) | best valid loss (at update) | test BLEU (beam 5) | "
+             "decoding s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for model, log, score in rows:
+        lines.append(f"| {model} | {log['updates']} | {log['train_seconds']:.0f} | "
+                     f"{log['best_valid_loss']:.3f} ({log['best_update']}) | {score.get('bleu', '')} | "
+                     f"{score.get('decoding_seconds', '')} |")
+    with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("train", "report"))
+    p.add_argument("model", nargs="?", choices=sorted(MODELS))
+    p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
+    p.add_argument("--out", default=os.path.join(REPO, "results", "bible"))
+    p.add_argument("--checkpoints", default=os.path.join(REPO, "checkpoints", "bible"))
+    p.add_argument("--max-update", type=int, default=2500, help="the budget, equal for every model")
+    p.add_argument("--seed", type=int, default=1)
+    args, args.extra = p.parse_known_args(argv)
+    if args.command == "train":
+        if args.model is None:
+            p.error("train needs a model: " + ", ".join(sorted(MODELS)))
+        sys.exit(train(args))
+    report(args)
+
+
+if __name__ == "__main__":
+    main()

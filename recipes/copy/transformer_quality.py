@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""Copy task, Transformers: `transformer_memattn` against fairseq's `transformer` of the same size
+at an equal budget (issue 14's quality check).
+
+    OMP_NUM_THREADS=1 python recipes/copy/transformer_quality.py --out results/copy/transformer
+
+Every model: 2 + 2 layers of 128 units, 4 heads, FFN 512, no dropout, Adam (0.9, 0.98) at 1e-3 with
+1,000 warm-up updates (inverse square root), batches of 64, the same --updates for all (the budget),
+validation every 250 updates, the best checkpoint by validation loss decoded with beam 10 and
+--min-len 0 (recipes/copy/train_eval.sh). Memory models: K = 32 and 64, both reads (attention over
+the K rows, the paper's mix c = beta C), position encodings on (the architecture's default).
+Writes OUT/table.md and OUT/curves_L{L}.png; resumable (a run with a score.json is kept).
+"""
+
+import argparse
+import os
+import shlex
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from sweep import plot_curves, read_run, read_train_log, train_and_score  # noqa: E402
+
+SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
+         "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
+         "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0",
+         "--share-decoder-input-output-embed"]
+MODELS = {
+    "transformer": ["--arch", "transformer"],
+    "K=32 attention": ["--arch", "transformer_memattn", "--memory-k", "32", "--memory-read", "attention"],
+    "K=32 mix": ["--arch", "transformer_memattn", "--memory-k", "32", "--memory-read", "mix"],
+    "K=64 attention": ["--arch", "transformer_memattn", "--memory-k", "64", "--memory-read", "attention"],
+    "K=64 mix": ["--arch", "transformer_memattn", "--memory-k", "64", "--memory-read", "mix"],
+}
+
+
+def training(updates):
+    return [*SIZES, "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "1000", "--clip-norm", "1",
+            "--batch-size", "64", "--max-update", str(updates), "--validate-interval-updates", "250",
+            "--save-interval-updates", "250", "--validate-interval", "1000", "--save-interval", "1000",
+            "--keep-interval-updates", "1", "--max-source-positions", "256",
+            "--max-target-positions", "256", "--cpu"]
+
+
+def run_name(length, model):
+    return f"L{length}_{model.replace(' ', '_').replace('=', '')}"
+
+
+def write_table(out, results, lengths, command):
+    lines = [f"Made by `{command}`.", "",
+             "BLEU / exact-copy accuracy (%) on 1,000 test examples; best validation loss (updates).", "",
+             "| model | " + " | ".join(f"L = {n}" for n in lengths) + " |",
+             "| --- |" + " ---: |" * len(lengths)]
+    for model in MODELS:
+        cells = []
+        for length in lengths:
+            r = results.get((length, model))
+            cells.append(f"{r['bleu']:.2f} / {r['accuracy']:.1f}; {r['best_valid_loss']:.3f} "
+                         f"({r['best_update']}), {r['train_seconds']:.0f} s" if r else "")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/copy/transformer")
+    p.add_argument("--lengths", type=int, nargs="+", default=[20, 50])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--updates", type=int, default=3000, help="the budget, equal for every model")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    for name in ("updates", "seed"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: {getattr(args, name)} (must be >= 1)")
+    bad = [n for n in args.lengths if n < 1]
+    if bad:
+        p.error(f"--lengths: {bad} (must be >= 1)")
+    command = shlex.join(["python", "recipes/copy/transformer_quality.py", *(sys.argv[1:] if argv is None else argv)])
+    results = {}
+    for length in args.lengths:
+        for model in args.models:
+            run_dir = os.path.join(args.out, run_name(length, model))
+            if not os.path.exists(os.path.join(run_dir, "score.json")):
+                train_and_score(run_dir, f"--copy-max-len {length}", [*MODELS[model], *training(args.updates)],
+                                args.seed)
+            if os.path.exists(os.path.join(run_dir, "score.json")):
+                results[(length, model)] = read_run(run_dir)
+            write_table(args.out, results, args.lengths, command)
+        curves = {model: read_train_log(os.path.join(args.out, run_name(length, model), "train.log"))["curve"]
+                  for model in args.models
+                  if os.path.exists(os.path.join(args.out, run_name(length, model), "train.log"))}
+        plot_curves(os.path.join(args.out, f"curves_L{length}.png"),
+                    f"copy task, L = {length}: Transformers at an equal budget", curves)
+
+
+if __name__ == "__main__":
+    main()
