@@ -49,7 +49,8 @@ def run_name(length, model):
 
 def write_table(out, results, lengths, command):
     lines = [f"Made by `{command}`.", "",
-             "BLEU / exact-copy accuracy (%) on 1,000 test examples; best validation loss (updates).", "",
+             "BLEU / exact-copy accuracy (%) on the test split; best validation loss (at update), "
+             "all at the same number of updates.", "",
              "| model | " + " | ".join(f"L = {n}" for n in lengths) + " |",
              "| --- |" + " ---: |" * len(lengths)]
     for model in MODELS:
@@ -57,7 +58,7 @@ def write_table(out, results, lengths, command):
         for length in lengths:
             r = results.get((length, model))
             cells.append(f"{r['bleu']:.2f} / {r['accuracy']:.1f}; {r['best_valid_loss']:.3f} "
-                         f"({r['best_update']}), {r['train_seconds']:.0f} s" if r else "")
+                         f"({r['best_update']})" if r else "")
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -71,6 +72,9 @@ def main(argv=None):
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--updates", type=int, default=3000, help="the budget, equal for every model")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--memory-args", default="",
+                   help="more fairseq-train options for the memory models, e.g. "
+                        "'--memory-encoder-normalize time'")
     args = p.parse_args(argv)
     for name in ("updates", "seed"):
         if getattr(args, name) < 1:
@@ -84,8 +88,9 @@ def main(argv=None):
         for model in args.models:
             run_dir = os.path.join(args.out, run_name(length, model))
             if not os.path.exists(os.path.join(run_dir, "score.json")):
-                train_and_score(run_dir, f"--copy-max-len {length}", [*MODELS[model], *training(args.updates)],
-                                args.seed)
+                extra = shlex.split(args.memory_args) if model != "transformer" else []
+                train_and_score(run_dir, f"--copy-max-len {length}",
+                                [*MODELS[model], *extra, *training(args.updates)], args.seed)
             if os.path.exists(os.path.join(run_dir, "score.json")):
                 results[(length, model)] = read_run(run_dir)
             write_table(args.out, results, args.lengths, command)
