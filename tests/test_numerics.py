@@ -37,7 +37,8 @@ def build_variant(name, encoder_dim, decoder_dim, memory_k=4, max_len=2000, seed
     torch.manual_seed(seed)
     if VARIANTS[name].get("attention_type") in ("dot", "scaled_dot"):
         decoder_dim = encoder_dim
-    args = attention_args(**VARIANTS[name], memory_k=memory_k, max_source_positions=max_len)
+    args = attention_args(**VARIANTS[name], memory_k=memory_k, max_source_positions=max_len,
+                          memory_position_max_len=max_len)
     attention = build_attention(args, encoder_dim, decoder_dim)
     attention.keep_alignment = True
     return attention.eval(), decoder_dim

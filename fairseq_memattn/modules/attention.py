@@ -422,10 +422,18 @@ class LinearAttention(Attention):
 
 
 def position_encoding_length(args) -> Optional[int]:
-    """S of Eq. 10 from the command line, or None without position encodings."""
+    """S of Eq. 10 from the command line, or None without position encodings.
+
+    The models fill S in from the training data (memory_options.fill_position_max_len)
+    before they get here; a caller that did not, gets an error rather than a
+    silent --max-source-positions, which would be a different model (Eq. 10
+    with S much longer than the sentences is nearly flat)."""
     if not args.memory_position_encoding:
         return None
-    return args.memory_position_max_len or args.max_source_positions
+    if args.memory_position_max_len is None:
+        raise ValueError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
+                         "(the longest source, EOS included), or --no-memory-position-encoding")
+    return args.memory_position_max_len
 
 
 def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
