@@ -97,6 +97,81 @@ def test_padding_invariance(dictionary, memory_read, per_layer, padding):
             assert not extra["attn"][0][row][:, ~own].any()
 
 
+# --- alignments: when they are kept, and what they are -----------------------------
+
+def test_alignments_by_default_in_eval_mode_never_in_training(dictionary):
+    """As the LSTM model: alpha is kept (and the decoder returns alignments) in
+    eval mode without asking, never in training; make_generation_fast_ with
+    need_attn None (fairseq-generate without --print-alignment) or False turns
+    them off, True on."""
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+
+    def kept():
+        with torch.no_grad():
+            alpha = "alpha" in model.encoder(tokens, lengths)
+            attn = model(tokens, lengths, PREV_OUTPUT)[1]["attn"][0]
+        assert alpha == (attn is not None)
+        return alpha
+
+    model = build_transformer(dictionary)  # eval mode, no make_generation_fast_
+    assert kept()
+    model.train()
+    assert not kept()
+    for request, expected in ((None, False), (False, False), ("hard", True), (True, True)):
+        model = build_transformer(dictionary)  # fairseq applies make_generation_fast_ once per model
+        model.make_generation_fast_(need_attn=request)
+        assert model.encoder.alignment_request is expected and kept() == expected
+    model.encoder.train()  # a request holds in both modes, as for the LSTM
+    assert kept()
+
+
+def alignment_by_loops(model, dictionary, source, hypothesis):
+    """T x |x| for one source alone: the last layer's read weights over the K
+    rows, averaged over heads, times alpha^T (Sec. 5), summed with loops from
+    a teacher-forced pass over the hypothesis (EOS first)."""
+    layer = model.decoder.layers[-1].encoder_attn
+    captured = {}
+    read = layer.read
+    layer.read = lambda query, cache: captured.setdefault("weights", read(query, cache))
+    try:
+        tokens, lengths = left_padded_batch(dictionary, [source])
+        prev = torch.cat([hypothesis.new_tensor([dictionary.eos()]), hypothesis[:-1]])[None]
+        with torch.no_grad():
+            alpha = model.encoder(tokens, lengths)["alpha"][0, layer.memory_index]  # |x| x K
+            model(tokens, lengths, prev)
+    finally:
+        del layer.read
+    weights = captured["weights"][1][0]  # H x T x K
+    H, T, K = weights.shape
+    return torch.tensor([[sum(sum(weights[h, t, k] for h in range(H)) / H * alpha[s, k] for k in range(K))
+                          for s in range(alpha.size(0))] for t in range(T)])
+
+
+@pytest.mark.parametrize("memory_read", ["attention", "mix"])
+def test_sequence_generator_with_alignment_without_make_generation_fast(dictionary, memory_read):
+    """fairseq's SequenceGeneratorWithAlignment on a model only put in eval
+    mode: every hypothesis has its attention, read weights times alpha^T over
+    its own source tokens (zero on padding), and the hard alignment of it."""
+    from fairseq import utils
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+    model = build_transformer(dictionary, memory_read=memory_read, per_layer=True)
+    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
+    sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    generator = SequenceGeneratorWithAlignment([model], dictionary, beam_size=3, max_len_b=8)
+    hypos = generator.generate([model], sample)
+    for row, (source, beams) in enumerate(zip(BEAM_SOURCES, hypos)):
+        own = tokens[row].ne(dictionary.pad())
+        for hypo in beams:
+            expected = alignment_by_loops(model, dictionary, source, hypo["tokens"])
+            attention = hypo["attention"].T  # T x width of the batch
+            torch.testing.assert_close(attention[:, own], expected, atol=1e-5, rtol=1e-5)
+            assert not attention[:, ~own].any()
+            assert hypo["alignment"] == utils.extract_hard_alignment(
+                attention, tokens[row], hypo["tokens"], dictionary.pad(), dictionary.eos())
+            assert len(hypo["alignment"]) == hypo["tokens"].ne(dictionary.eos()).sum()
+
+
 # --- the write (Eq. 4-5, 8-10) and the reads (Eq. 6-7; fairseq's attention) ----------
 
 def write_by_loops(writer, states, lengths):

@@ -86,14 +86,13 @@ def _check_choice(name: str, value, choices) -> None:
         )
 
 
-class Attention(nn.Module):
-    """Base class: see the module docstring for the interface."""
+class AlignmentSwitch:
+    """For an ``nn.Module`` that keeps what alignments need (alpha of Eq. 4-5):
+    whether to keep it, shared by the LSTM's attention and the Transformer's
+    encoder (``models/transformer_memattn.py``)."""
 
-    context_dim = 0
-
-    def __init__(self):
-        super().__init__()
-        self.alignment_request: Optional[bool] = None
+    # None: the default below; True or False: make_generation_fast_'s (or the hub's) request.
+    alignment_request: Optional[bool] = None
 
     @property
     def keep_alignment(self) -> bool:
@@ -107,6 +106,12 @@ class Attention(nn.Module):
     @keep_alignment.setter
     def keep_alignment(self, value: Optional[bool]) -> None:
         self.alignment_request = value
+
+
+class Attention(AlignmentSwitch, nn.Module):
+    """Base class: see the module docstring for the interface."""
+
+    context_dim = 0
 
     def build_memory(self, states: Tensor, padding_mask: Tensor) -> Memory:
         raise NotImplementedError
