@@ -293,10 +293,10 @@ def test_masking_in_low_precision_matches_float32(name, dtype):
     torch.testing.assert_close(weights.float(), expected_weights, rtol=tolerance, atol=tolerance)
 
 
-def logits_and_gradients(model, tokens, lengths):
+def logits_and_gradients(model, tokens, lengths, prev_output=PREV_OUTPUT):
     model.zero_grad()
-    logits, _ = model(tokens, lengths, PREV_OUTPUT)
-    F.cross_entropy(logits.float().flatten(0, 1), PREV_OUTPUT.flatten()).backward()
+    logits, _ = model(tokens, lengths, prev_output)
+    F.cross_entropy(logits.float().flatten(0, 1), prev_output.flatten()).backward()
     return logits, [p.grad for p in model.parameters()]
 
 
