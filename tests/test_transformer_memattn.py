@@ -19,6 +19,7 @@ from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
 from test_numerics import assert_close_to, logits_and_gradients
 
+from fairseq_memattn.hub import attention_returned
 from fairseq_memattn.modules import beam_sharing
 from fairseq_memattn.models.transformer_memattn import (
     MemAttnTransformerModel,
@@ -129,18 +130,18 @@ def test_alignments_by_default_in_eval_mode_never_in_training(dictionary):
     assert kept()
 
 
-def alignment_by_loops(model, dictionary, source, hypothesis):
-    """T x |x| for one source alone: the last layer's read weights over the K
-    rows, averaged over heads, times alpha^T (Sec. 5), summed with loops from
-    a teacher-forced pass over the hypothesis (EOS first)."""
+def alignment_by_loops(model, source, hypothesis, eos):
+    """T x |x| for one source alone (its tokens, EOS included): the last layer's
+    read weights over the K rows, averaged over heads, times alpha^T (Sec. 5),
+    summed with loops, from a teacher-forced pass over the hypothesis (EOS first)."""
     layer = model.decoder.layers[-1].encoder_attn
     captured = {}
     read = layer.read
     layer.read = lambda query, cache: captured.setdefault("weights", read(query, cache))
     try:
-        tokens, lengths = left_padded_batch(dictionary, [source])
-        prev = torch.cat([hypothesis.new_tensor([dictionary.eos()]), hypothesis[:-1]])[None]
-        with torch.no_grad():
+        tokens, lengths = source[None], torch.tensor([source.numel()])
+        prev = torch.cat([hypothesis.new_tensor([eos]), hypothesis[:-1]])[None]
+        with torch.no_grad(), attention_returned([model]):  # alpha also for a model loaded without
             alpha = model.encoder(tokens, lengths)["alpha"][0, layer.memory_index]  # |x| x K
             model(tokens, lengths, prev)
     finally:
@@ -167,7 +168,7 @@ def test_sequence_generator_with_alignment_without_make_generation_fast(dictiona
     for row, (source, beams) in enumerate(zip(BEAM_SOURCES, hypos)):
         own = tokens[row].ne(dictionary.pad())
         for hypo in beams:
-            expected = alignment_by_loops(model, dictionary, source, hypo["tokens"])
+            expected = alignment_by_loops(model, tokens[row][own], hypo["tokens"], dictionary.eos())
             attention = hypo["attention"].T  # T x width of the batch
             torch.testing.assert_close(attention[:, own], expected, atol=1e-5, rtol=1e-5)
             assert not attention[:, ~own].any()
