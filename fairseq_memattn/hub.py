@@ -1,32 +1,58 @@
 """fairseq's hub interface for this plugin's models, with alignments on request.
 
-``MemAttnLSTMModel.from_pretrained`` returns a :class:`MemAttnHubInterface`, a
+``MemAttnLSTMModel.from_pretrained`` and ``MemAttnTransformerModel.from_pretrained``
+(both from :class:`MemAttnHubModel`) return a :class:`MemAttnHubInterface`, a
 fairseq ``GeneratorHubInterface`` (``translate``, ``sample``, ``generate``,
 ``encode``, ``decode``) that differs in one point: ``generate(...,
 print_alignment="hard"|"soft")`` returns alignments even when the model was
 loaded without ``print_alignment``. The decoder then returns its attention for
 that call only: for memory attention the S weights of target step i are
-beta_i alpha^T (the K-way mix of Eq. 6-7 spread back over the source positions
+the read weights times alpha^T (the LSTM's K-way mix beta_i of Eq. 6-7, or a
+Transformer layer's read of the K rows, spread back over the source positions
 by the encoder scores of Eq. 4-5), which costs O(K |S|) per step, work that a
 plain translation does not need and does not do.
 """
 
 import contextlib
 
+from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
+
+
+class MemAttnHubModel:
+    """For a fairseq model class of this plugin: ``from_pretrained`` returning
+    a :class:`MemAttnHubInterface`. ``alignment_switch`` is the module
+    (``modules.attention.AlignmentSwitch``) whose ``alignment_request``
+    decides whether the model returns alignments."""
+
+    @property
+    def alignment_switch(self):
+        raise NotImplementedError
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        **kwargs):
+        """fairseq's hub interface for a checkpoint (``translate``, ``sample``,
+        ``generate``), with alignments on request (see hub.py). For the WMT'17
+        recipe's output: ``from_pretrained("checkpoints/wmt17/en-de/CONFIG",
+        checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
+        bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                           archive_map=cls.hub_models(), **kwargs)
+        return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
 @contextlib.contextmanager
 def attention_returned(models):
     """The decoders return their attention (as with --print-alignment) inside the block."""
-    saved = [m.decoder.attention.alignment_request for m in models]
+    saved = [m.alignment_switch.alignment_request for m in models]
     try:
         for model in models:
-            model.decoder.make_generation_fast_(need_attn=True)
+            model.alignment_switch.alignment_request = True
         yield
     finally:
         for model, request in zip(models, saved):
-            model.decoder.attention.alignment_request = request
+            model.alignment_switch.alignment_request = request
 
 
 class MemAttnHubInterface(GeneratorHubInterface):

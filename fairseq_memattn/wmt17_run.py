@@ -40,17 +40,35 @@ CONFIG = re.compile(r"(?:att|k(?P<k>32|64)(?P<pe>_pe)?(?:_(?P<enc>\w+?)-(?P<dec>
 # on validation in our real en-de check (256 units, 230 updates: valid loss 6.91, against 7.91
 # for softmax/softmax and 7.62 for att) and among the fastest to converge on the copy task.
 DEFAULT_SCORES = ("sigmoid", "softmax")
+# The Transformer: fairseq's own ``transformer`` (the baseline) and ``transformer_memattn``
+# (K rows, position encodings; the decoder layers read them by attention, or by the paper's mix).
+TRANSFORMER_CONFIG = re.compile(r"transformer(?:_k(?P<k>32|64)(?P<mix>_mix)?)?")
 CONFIGS_HELP = ("att (standard attention), k32, k64, k32_pe, k64_pe (memory attention, K contexts, "
                 "+ position encodings), each k... optionally with _ENC-DEC scoring functions, "
                 f"ENC and DEC in {{{', '.join(SCORES)}}} (e.g. k64_pe_softmax-softmax; default "
-                f"{'-'.join(DEFAULT_SCORES)})")
+                f"{'-'.join(DEFAULT_SCORES)}); transformer (fairseq's Transformer base), "
+                "transformer_k32, transformer_k64 (transformer_memattn, attention read), "
+                "transformer_k32_mix, transformer_k64_mix (the paper's mix read)")
 # Longest BPE sequence kept in training and covered by the position encodings (S
 # of Eq. 10); newstest sentences average 35 tokens.
 MAX_POSITIONS = 128
 
 
+def transformer_config_args(found) -> List[str]:
+    """--arch and model options of a Transformer configuration (TRANSFORMER_CONFIG's match)."""
+    if not found["k"]:
+        return ["--arch", "transformer"]
+    return ["--arch", "transformer_memattn", "--memory-k", found["k"],
+            "--memory-read", "mix" if found["mix"] else "attention",
+            "--memory-position-encoding", "--memory-position-max-len", str(MAX_POSITIONS)]
+
+
 def config_args(config: str) -> List[str]:
-    """fairseq-train options for one of the paper's configurations."""
+    """fairseq-train options for one of the paper's configurations (the LSTM's,
+    after --arch lstm_memattn_wmt) or for a Transformer configuration (--arch first)."""
+    transformer = TRANSFORMER_CONFIG.fullmatch(config)
+    if transformer:
+        return transformer_config_args(transformer)
     found = CONFIG.fullmatch(config)
     if not found or (found["enc"] and not {found["enc"], found["dec"]} <= set(SCORES)):
         raise DataError(f"unknown configuration {config!r} (choose from {CONFIGS_HELP})")
@@ -86,18 +104,33 @@ def device_args(gpus: int) -> List[str]:
     return ["--fp16", "--distributed-world-size", str(gpus)]
 
 
+# Sec. 4.1/4.2: Adam 1e-4, batch 128 (per worker), dropout 0.2 (the architecture's), up to 1M steps.
+LSTM_TRAINING = ["--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "1000000",
+                 "--criterion", "cross_entropy"]
+# fairseq's Transformer recipe (Vaswani et al. 2017; fairseq's examples/translation, WMT'14 en-de):
+# Adam (0.9, 0.98), inverse square root schedule with 4000 warm-up steps to lr 5e-4, label
+# smoothing 0.1, batches of up to 4096 tokens per worker, one embedding matrix for the source, the
+# target and the output layer (prepare builds one joint dictionary), dropout 0.1 (the architecture's).
+TRANSFORMER_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+                        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+                        "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001", "--clip-norm", "0.0",
+                        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                        "--max-tokens", "4096", "--max-update", "300000", "--share-all-embeddings"]
+
+
 def train_command(pair: str, config: str, data: str, save_dir: str, gpus: int,
                   extra: List[str]) -> List[str]:
     src, tgt = check_pair(pair)
     model = config_args(config)
+    if model[0] == "--arch":
+        training = TRANSFORMER_TRAINING
+    else:
+        model, training = ["--arch", "lstm_memattn_wmt", *model], LSTM_TRAINING
     return [
         fairseq_tool("fairseq-train"), data_bin(data, pair), "--user-dir", PLUGIN_DIR,
-        "--task", "translation", "--source-lang", src, "--target-lang", tgt,
-        "--arch", "lstm_memattn_wmt", *model,
+        "--task", "translation", "--source-lang", src, "--target-lang", tgt, *model,
         "--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS),
-        # Sec. 4.1/4.2: Adam 1e-4, batch 128 (per worker), dropout 0.2 (the architecture's), up to 1M steps
-        "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "1000000",
-        "--criterion", "cross_entropy", "--required-batch-size-multiple", "1",
+        *training, "--required-batch-size-multiple", "1",
         "--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 10}),
         "--eval-bleu-remove-bpe", "sentencepiece", "--eval-bleu-detok", "space",
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",

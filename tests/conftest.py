@@ -117,6 +117,16 @@ def own_pair_recipe(tmp_path_factory):
     return wmt17_toy.prepare_train_evaluate(tmp_path_factory.mktemp("own-pair"), "en-fr")
 
 
+@pytest.fixture(scope="session")
+def own_pair_transformer(own_pair_recipe):
+    """The recipe's transformer_k64 configuration (toy sizes, wmt17_toy.TINY_TRANSFORMER)
+    trained and evaluated on own_pair_recipe's prepared data, in its folders."""
+    import wmt17_toy
+
+    return wmt17_toy.prepare_train_evaluate(own_pair_recipe["root"], "en-fr", wmt17_toy.TINY_TRANSFORMER,
+                                            config=wmt17_toy.TRANSFORMER_CONFIG)
+
+
 # Sources of different lengths, so that sentences finish at different steps and
 # SequenceGenerator drops finished ones from the batch.
 BEAM_SOURCES = [[3, 4, 5, 6, 7, 8, 9], [8, 9], [5], [4, 4, 6, 7], [9, 8, 7, 6, 5]]

@@ -111,6 +111,9 @@ def test_padding_never_contributes_to_memory():
     ({"memory_encoder_score": "relu"}, r"invalid --memory-encoder-score: 'relu' \(choose from softmax, sigmoid\)"),
     ({"memory_decoder_score": "tanh"}, r"invalid --memory-decoder-score: 'tanh'"),
     ({"memory_encoder_normalize": "rows"}, r"invalid --memory-encoder-normalize: 'rows' \(choose from contexts, time\)"),
+    # no silent fallback to --max-source-positions for S of Eq. 10
+    ({"memory_position_encoding": True},
+     r"--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S"),
 ])
 def test_bad_attention_options(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -14,7 +14,12 @@ import torch
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env
 from fairseq.hub_utils import GeneratorHubInterface
 
+from test_transformer_memattn import alignment_by_loops
+from wmt17_toy import TRANSFORMER_CONFIG
+
+from fairseq_memattn.hub import MemAttnHubInterface
 from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
+from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
 
 SENTENCES = ["The dog sees the house.", "Red bird.", "The old horse has the green apple."]
 
@@ -24,13 +29,12 @@ def recipe_dir(own_pair_recipe):
     return own_pair_recipe["root"]
 
 
-@pytest.fixture(scope="module")
-def model(recipe_dir):
+def from_pretrained(model_class, recipe_dir, config):
     cwd = os.getcwd()
     os.chdir(recipe_dir)  # the README's relative paths
     try:
-        model = MemAttnLSTMModel.from_pretrained(
-            "checkpoints/wmt17/en-fr/k32_pe_sigmoid-softmax", checkpoint_file="checkpoint_best.pt",
+        model = model_class.from_pretrained(
+            f"checkpoints/wmt17/en-fr/{config}", checkpoint_file="checkpoint_best.pt",
             data_name_or_path="data/wmt17/en-fr/data-bin",
             bpe="sentencepiece", sentencepiece_model="data/wmt17/en-fr/spm.model")
     finally:
@@ -39,11 +43,16 @@ def model(recipe_dir):
     return model
 
 
-def interactive(recipe_dir, beam, sentences=SENTENCES):
+@pytest.fixture(scope="module")
+def model(recipe_dir):
+    return from_pretrained(MemAttnLSTMModel, recipe_dir, "k32_pe_sigmoid-softmax")
+
+
+def interactive(recipe_dir, beam, sentences=SENTENCES, config="k32_pe_sigmoid-softmax"):
     """fairseq-interactive's D- lines for raw sentences: the same checkpoint through fairseq's CLI."""
     result = subprocess.run(
         [os.path.join(BIN, "fairseq-interactive"), "data/wmt17/en-fr/data-bin", "--user-dir", PLUGIN_DIR,
-         "--path", "checkpoints/wmt17/en-fr/k32_pe_sigmoid-softmax/checkpoint_best.pt",
+         "--path", f"checkpoints/wmt17/en-fr/{config}/checkpoint_best.pt",
          "--source-lang", "en", "--target-lang", "fr", "--bpe", "sentencepiece",
          "--sentencepiece-model", "data/wmt17/en-fr/spm.model", "--beam", str(beam), "--cpu"],
         cwd=recipe_dir, input="".join(s + "\n" for s in sentences), env=clean_env(OMP_NUM_THREADS="1"),
@@ -136,6 +145,44 @@ def test_alignments_only_for_the_call_that_asks(model):
     model.generate(model.encode(SENTENCES[1]), beam=2, print_alignment="hard")
     assert not decoder.need_attn and not decoder.attention.keep_alignment
     assert model.generate(model.encode(SENTENCES[1]), beam=2)[0]["attention"].numel() == 0
+
+
+# --- transformer_memattn: the recipe's transformer_k64 configuration (toy sizes) ------
+
+@pytest.fixture(scope="module")
+def transformer(own_pair_transformer):
+    return from_pretrained(MemAttnTransformerModel, own_pair_transformer["root"], TRANSFORMER_CONFIG)
+
+
+def test_transformer_from_pretrained_gives_the_same_hub_interface(transformer, recipe_dir):
+    assert type(transformer) is MemAttnHubInterface
+    assert isinstance(transformer.models[0], MemAttnTransformerModel)
+    assert transformer.cfg.bpe._name == "sentencepiece" and transformer.task.cfg.target_lang == "fr"
+    translations = transformer.translate(SENTENCES, beam=10)
+    print("hub translate (transformer_k64):", translations)
+    assert translations == interactive(recipe_dir, beam=10, config=TRANSFORMER_CONFIG)
+    assert transformer.sample(SENTENCES) == interactive(recipe_dir, beam=1, config=TRANSFORMER_CONFIG)
+    assert all(t and "▁" not in t for t in translations)
+
+
+def test_transformer_alignments_are_read_weights_times_alpha_transposed(transformer):
+    network = transformer.models[0]
+    source = transformer.encode(SENTENCES[2])
+    translation = transformer.translate(SENTENCES[2], beam=10)
+    best = transformer.generate(source, beam=10, print_alignment="hard")[0]
+    assert transformer.decode(best["tokens"]) == translation  # alignments do not change the search
+    expected = alignment_by_loops(network, source, best["tokens"], transformer.tgt_dict.eos())
+    attention = best["attention"].T  # T x S, EOS included on both sides
+    assert attention.shape == expected.shape == (best["tokens"].numel(), source.numel())
+    torch.testing.assert_close(attention, expected, atol=1e-5, rtol=1e-4)
+    words = expected[:-1, :-1]
+    assert best["alignment"] == [(int(words[i].argmax()), i) for i in range(words.size(0))]
+    soft = transformer.generate(source, beam=10, print_alignment="soft")[0]["alignment"]
+    torch.testing.assert_close(torch.tensor([[float(p) for p in row] for row in soft]),
+                               expected, atol=1e-5, rtol=0)
+    # only for the call that asks: back to no alpha, as fairseq-generate without --print-alignment
+    assert network.encoder.alignment_request is False and not network.encoder.keep_alignment
+    assert transformer.generate(source, beam=2)[0]["attention"].numel() == 0
 
 
 def test_install_message_names_the_real_extra():

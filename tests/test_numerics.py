@@ -37,7 +37,8 @@ def build_variant(name, encoder_dim, decoder_dim, memory_k=4, max_len=2000, seed
     torch.manual_seed(seed)
     if VARIANTS[name].get("attention_type") in ("dot", "scaled_dot"):
         decoder_dim = encoder_dim
-    args = attention_args(**VARIANTS[name], memory_k=memory_k, max_source_positions=max_len)
+    args = attention_args(**VARIANTS[name], memory_k=memory_k, max_source_positions=max_len,
+                          memory_position_max_len=max_len)
     attention = build_attention(args, encoder_dim, decoder_dim)
     attention.keep_alignment = True
     return attention.eval(), decoder_dim
@@ -292,10 +293,10 @@ def test_masking_in_low_precision_matches_float32(name, dtype):
     torch.testing.assert_close(weights.float(), expected_weights, rtol=tolerance, atol=tolerance)
 
 
-def logits_and_gradients(model, tokens, lengths):
+def logits_and_gradients(model, tokens, lengths, prev_output=PREV_OUTPUT):
     model.zero_grad()
-    logits, _ = model(tokens, lengths, PREV_OUTPUT)
-    F.cross_entropy(logits.float().flatten(0, 1), PREV_OUTPUT.flatten()).backward()
+    logits, _ = model(tokens, lengths, prev_output)
+    F.cross_entropy(logits.float().flatten(0, 1), prev_output.flatten()).backward()
     return logits, [p.grad for p in model.parameters()]
 
 

@@ -1,9 +1,13 @@
 """transformer_memattn: the Transformer whose decoder reads a K-row memory
 (models/transformer_memattn.py), against the paper's equations, fairseq's own
-multi-head attention, incremental decoding, padding, beam search and the
-command lines."""
+multi-head attention, incremental decoding, padding, alignments (by default in
+eval mode, SequenceGeneratorWithAlignment), half precision, beam search and the
+command lines (--fp16 on CPU; why not --bf16)."""
 
 import argparse
+import contextlib
+import copy
+import math
 import re
 from types import SimpleNamespace
 
@@ -14,7 +18,9 @@ from conftest import (BEAM_SOURCES, PLUGIN_DIR, SOURCES, beam_search, check_copi
 from conftest import run_fairseq as run
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
+from test_numerics import assert_close_to, logits_and_gradients
 
+from fairseq_memattn.hub import attention_returned
 from fairseq_memattn.modules import beam_sharing
 from fairseq_memattn.models.transformer_memattn import (
     MemAttnTransformerModel,
@@ -95,6 +101,81 @@ def test_padding_invariance(dictionary, memory_read, per_layer, padding):
             torch.testing.assert_close(extra["attn"][0][row][:, own], alone_extra["attn"][0][0],
                                        atol=1e-5, rtol=1e-5)
             assert not extra["attn"][0][row][:, ~own].any()
+
+
+# --- alignments: when they are kept, and what they are -----------------------------
+
+def test_alignments_by_default_in_eval_mode_never_in_training(dictionary):
+    """As the LSTM model: alpha is kept (and the decoder returns alignments) in
+    eval mode without asking, never in training; make_generation_fast_ with
+    need_attn None (fairseq-generate without --print-alignment) or False turns
+    them off, True on."""
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+
+    def kept():
+        with torch.no_grad():
+            alpha = "alpha" in model.encoder(tokens, lengths)
+            attn = model(tokens, lengths, PREV_OUTPUT)[1]["attn"][0]
+        assert alpha == (attn is not None)
+        return alpha
+
+    model = build_transformer(dictionary)  # eval mode, no make_generation_fast_
+    assert kept()
+    model.train()
+    assert not kept()
+    for request, expected in ((None, False), (False, False), ("hard", True), (True, True)):
+        model = build_transformer(dictionary)  # fairseq applies make_generation_fast_ once per model
+        model.make_generation_fast_(need_attn=request)
+        assert model.encoder.alignment_request is expected and kept() == expected
+    model.encoder.train()  # a request holds in both modes, as for the LSTM
+    assert kept()
+
+
+def alignment_by_loops(model, source, hypothesis, eos):
+    """T x |x| for one source alone (its tokens, EOS included): the last layer's
+    read weights over the K rows, averaged over heads, times alpha^T (Sec. 5),
+    summed with loops, from a teacher-forced pass over the hypothesis (EOS first)."""
+    layer = model.decoder.layers[-1].encoder_attn
+    captured = {}
+    read = layer.read
+    layer.read = lambda query, cache: captured.setdefault("weights", read(query, cache))
+    try:
+        tokens, lengths = source[None], torch.tensor([source.numel()])
+        prev = torch.cat([hypothesis.new_tensor([eos]), hypothesis[:-1]])[None]
+        with torch.no_grad(), attention_returned([model]):  # alpha also for a model loaded without
+            alpha = model.encoder(tokens, lengths)["alpha"][0, layer.memory_index]  # |x| x K
+            model(tokens, lengths, prev)
+    finally:
+        del layer.read
+    weights = captured["weights"][1][0]  # H x T x K
+    H, T, K = weights.shape
+    return torch.tensor([[sum(sum(weights[h, t, k] for h in range(H)) / H * alpha[s, k] for k in range(K))
+                          for s in range(alpha.size(0))] for t in range(T)])
+
+
+@pytest.mark.parametrize("memory_read", ["attention", "mix"])
+def test_sequence_generator_with_alignment_without_make_generation_fast(dictionary, memory_read):
+    """fairseq's SequenceGeneratorWithAlignment on a model only put in eval
+    mode: every hypothesis has its attention, read weights times alpha^T over
+    its own source tokens (zero on padding), and the hard alignment of it."""
+    from fairseq import utils
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+    model = build_transformer(dictionary, memory_read=memory_read, per_layer=True)
+    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
+    sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    generator = SequenceGeneratorWithAlignment([model], dictionary, beam_size=3, max_len_b=8)
+    hypos = generator.generate([model], sample)
+    for row, (source, beams) in enumerate(zip(BEAM_SOURCES, hypos)):
+        own = tokens[row].ne(dictionary.pad())
+        for hypo in beams:
+            expected = alignment_by_loops(model, tokens[row][own], hypo["tokens"], dictionary.eos())
+            attention = hypo["attention"].T  # T x width of the batch
+            torch.testing.assert_close(attention[:, own], expected, atol=1e-5, rtol=1e-5)
+            assert not attention[:, ~own].any()
+            assert hypo["alignment"] == utils.extract_hard_alignment(
+                attention, tokens[row], hypo["tokens"], dictionary.pad(), dictionary.eos())
+            assert len(hypo["alignment"]) == hypo["tokens"].ne(dictionary.eos()).sum()
 
 
 # --- the write (Eq. 4-5, 8-10) and the reads (Eq. 6-7; fairseq's attention) ----------
@@ -214,6 +295,58 @@ def test_reads_project_the_memory_once_per_source(dictionary, monkeypatch):
         for t in range(PREV_OUTPUT.size(1)):
             model.decoder(PREV_OUTPUT[:, : t + 1], encoder_out, incremental_state=state)
     assert calls == [len(SOURCES)] * 2  # two layers, once each
+
+
+# --- half precision (--fp16, --bf16, --amp) ----------------------------------------
+
+# Largest errors measured over seeds 0-2, both reads, shared and per-layer memories, against the
+# float64 model (relative to the largest logit, resp. the largest gradient entry of any parameter):
+#                  logits    gradients  incremental vs full  alignments (absolute)
+# bfloat16 model   1.27e-2   8.81e-2    1.12e-2              1.95e-3
+# float16 model    1.55e-3   2.38e-2    1.61e-3              2.44e-4
+# bfloat16 autocast 8.29e-3  6.13e-2    9.57e-3              1.95e-3
+# (float32: 3.1e-7, 2.5e-7, 3.3e-7, 9e-8). The bounds leave a margin of about 2x or more.
+HALF = {  # way, dtype: tolerances for logits (and incremental decoding), gradients, alignments
+    ("half model", torch.bfloat16): (0.04, 0.2, 0.008),
+    ("half model", torch.float16): (0.005, 0.06, 0.001),
+    ("autocast", torch.bfloat16): (0.04, 0.2, 0.008),
+}
+
+
+@pytest.mark.parametrize("way, dtype", list(HALF), ids=[f"{w}-{str(d)[6:]}" for w, d in HALF])
+@READ_AND_SHARING
+def test_half_precision_forward_backward_and_incremental_decoding(dictionary, memory_read, per_layer,
+                                                                  way, dtype):
+    """fairseq's --bf16 / --fp16 (the model converted) and --amp (autocast) on
+    CPU: logits and every gradient finite and close to the float64 model's; the
+    memory stays float32; step-by-step decoding equals the full pass, alignments too."""
+    model = build_transformer(dictionary, memory_read=memory_read, per_layer=per_layer)
+    model.train()  # dropout is 0: train mode only switches on what training uses
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+    expected_logits, expected_grads = logits_and_gradients(copy.deepcopy(model).double(), tokens, lengths,
+                                                           PREV_OUTPUT)
+    precision = torch.autocast("cpu", dtype=dtype) if way == "autocast" else contextlib.nullcontext()
+    if way == "half model":
+        model = model.to(dtype)
+    with precision:
+        logits, grads = logits_and_gradients(model, tokens, lengths, PREV_OUTPUT)
+    logit_tolerance, grad_tolerance, align_tolerance = HALF[way, dtype]
+    assert logits.dtype == dtype
+    assert_close_to(logits, expected_logits, logit_tolerance, "logits")
+    scale = max(g.abs().max().item() for g in expected_grads)
+    for (name, _), grad, expected in zip(model.named_parameters(), grads, expected_grads):
+        assert_close_to(grad, expected, grad_tolerance, f"gradient of {name}", scale)
+
+    model.eval()
+    with torch.no_grad(), precision:
+        assert model.encoder(tokens, lengths)["memory"].dtype == torch.float32  # sum_of_products
+        full, extra = model(tokens, lengths, PREV_OUTPUT)
+        encoder_out, state = model.encoder(tokens, lengths), {}
+        steps = [model.decoder(PREV_OUTPUT[:, : t + 1], encoder_out, incremental_state=state)
+                 for t in range(PREV_OUTPUT.size(1))]
+    assert_close_to(torch.cat([out for out, _ in steps], 1), full, logit_tolerance, "incremental logits")
+    assert_close_to(torch.cat([e["attn"][0] for _, e in steps], 1), extra["attn"][0], align_tolerance,
+                    "incremental alignments", scale=1.0)
 
 
 # --- beam search -----------------------------------------------------------------
@@ -370,6 +503,42 @@ def test_interactive_translates_with_the_checkpoint(checkpoint):
     out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
               "--beam", "5", "--cpu", stdin="3 1 4 1 5\n").stdout
     assert re.search(r"^H-0\t\S+\t3 1 4 1 5$", out, re.M), out
+
+
+# A few updates at tiny sizes, for the precision options of fairseq-train.
+FEW_UPDATES = [*TASK[:2], "--copy-max-len", "8", "--copy-vocab-size", "10", "--copy-train-size", "320",
+               "--copy-valid-size", "32", "--copy-test-size", "32", "--arch", "transformer_memattn",
+               "--memory-k", "4", "--memory-position-max-len", "9", "--encoder-embed-dim", "16",
+               "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+               "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-attention-heads", "2",
+               "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "32",
+               "--max-update", "5", "--log-interval", "1", "--no-progress-bar", "--cpu", "--no-save",
+               "--num-workers", "0", "--seed", "1"]
+
+
+@pytest.mark.parametrize("memory_read", ["attention", "mix"])
+def test_fp16_training_on_cpu(tmp_path, memory_read):
+    """fairseq-train --fp16 --cpu: the model in float16 under fairseq's FP16Optimizer
+    (loss scaling); --fp16-no-flatten-grads, because fairseq 0.12.3 puts the
+    flattened float32 copy on torch.cuda.current_device() (--memory-efficient-fp16
+    works too). Every update's loss is finite."""
+    result = run("fairseq-train", "--user-dir", PLUGIN_DIR, *FEW_UPDATES, "--memory-read", memory_read,
+                 "--fp16", "--fp16-no-flatten-grads", "--save-dir", str(tmp_path))
+    log = result.stdout + result.stderr
+    updates = re.findall(r"train_inner \|.* loss=([^,]+),.* loss_scale=([^,]+),", log)
+    print("fp16 losses:", [loss for loss, _ in updates])
+    assert len(updates) == 5 and all(math.isfinite(float(loss)) for loss, _ in updates), log[-3000:]
+
+
+def test_bf16_training_on_cpu_is_not_possible_in_fairseq_0_12_3(tmp_path):
+    """fairseq 0.12.3's --bf16 implies --tpu (fairseq/options.py), so the Trainer
+    asks torch_xla for its device; without torch_xla it fails before any model
+    code runs. What --bf16 would run, the model in bfloat16, is tested above
+    (test_half_precision_forward_backward_and_incremental_decoding)."""
+    result = run("fairseq-train", "--user-dir", PLUGIN_DIR, *FEW_UPDATES, "--bf16",
+                 "--save-dir", str(tmp_path), check=False)
+    assert result.returncode != 0
+    assert "get_tpu_device" in result.stderr and "xla_device" in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -27,13 +27,19 @@ LEXICONS = {
     }.items()
 }
 SIZES = {"train": 2000, "valid": 40, "test": 60}
+TINY_TRAINING = ["--dropout", "0", "--lr", "5e-3", "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "10",
+                 "--validate-interval-updates", "0", "--save-interval-updates", "0",
+                 "--eval-bleu-args", '{"beam": 5}', "--no-progress-bar", "--log-interval", "50",
+                 "--seed", "1", "--num-workers", "0"]
 TINY_MODEL = ["--encoder-hidden-size", "64", "--decoder-hidden-size", "64", "--encoder-embed-dim", "32",
-              "--decoder-embed-dim", "32", "--memory-k", "8", "--dropout", "0", "--lr", "5e-3",
-              "--clip-norm", "1", "--batch-size", "32", "--max-epoch", "10",
-              "--validate-interval-updates", "0", "--save-interval-updates", "0",
-              "--eval-bleu-args", '{"beam": 5}', "--no-progress-bar", "--log-interval", "50",
-              "--seed", "1", "--num-workers", "0"]
+              "--decoder-embed-dim", "32", "--memory-k", "8", *TINY_TRAINING]
 CONFIG = "k32_pe_sigmoid-softmax"
+# transformer_k64 at toy sizes: 2+2 layers of 32 units, 2 heads, K = 8, a short warm-up.
+TINY_TRANSFORMER = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
+                    "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim",
+                    "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+                    "--memory-k", "8", "--warmup-updates", "100", *TINY_TRAINING]
+TRANSFORMER_CONFIG = "transformer_k64"
 
 
 def sentence(rng, lexicon):
@@ -63,14 +69,15 @@ def recipe(script, *args, check=True, threads="1", cwd=None):
     return result
 
 
-def prepare_train_evaluate(root, pair, model_args=TINY_MODEL, threads="1"):
+def prepare_train_evaluate(root, pair, model_args=TINY_MODEL, threads="1", config=CONFIG):
     """The recipe after its download step, run in ROOT with its default output
     folders, on a toy corpus in ROOT/raw: data in ROOT/data/wmt17/PAIR,
-    checkpoints in ROOT/checkpoints/wmt17/PAIR/CONFIG; each step's CompletedProcess."""
+    checkpoints in ROOT/checkpoints/wmt17/PAIR/CONFIG; each step's CompletedProcess.
+    Run again in the same ROOT for another configuration, prepare skips its finished steps."""
     raw = write_corpus(root / "raw", pair=pair)
     prepared = recipe("prepare.sh", pair, "--raw-dir", "raw", "--vocab-size", "200", threads=threads, cwd=root)
-    trained = recipe("train.sh", pair, CONFIG, "--gpus", "0", *model_args, threads=threads, cwd=root)
-    checkpoint = root / "checkpoints" / "wmt17" / pair / CONFIG / "checkpoint_best.pt"
+    trained = recipe("train.sh", pair, config, "--gpus", "0", *model_args, threads=threads, cwd=root)
+    checkpoint = root / "checkpoints" / "wmt17" / pair / config / "checkpoint_best.pt"
     evaluated = recipe("evaluate.sh", pair, str(checkpoint.relative_to(root)), "--gpus", "0",
                        threads=threads, cwd=root)
     return dict(root=root, raw=raw, out=root / "data" / "wmt17" / pair, prepared=prepared, trained=trained,

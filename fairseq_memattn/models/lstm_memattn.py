@@ -13,7 +13,6 @@ import re
 from typing import Dict
 
 import torch
-from fairseq import hub_utils
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -24,7 +23,7 @@ from fairseq.models import (
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..hub import MemAttnHubInterface
+from ..hub import MemAttnHubModel
 from ..modules.attention import (
     ATTENTION_TYPES,
     build_attention,
@@ -278,7 +277,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
 
 
 @register_model("memattn_lstm")
-class MemAttnLSTMModel(FairseqEncoderDecoderModel):
+class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
     """LSTM seq2seq with fixed-size memory attention or one of its baselines."""
 
     @staticmethod
@@ -321,17 +320,9 @@ class MemAttnLSTMModel(FairseqEncoderDecoderModel):
         )
         return cls(encoder, decoder)
 
-    @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                        **kwargs):
-        """fairseq's hub interface for a checkpoint (``translate``, ``sample``,
-        ``generate``), with alignments on request (see hub.py). For the WMT'17
-        recipe's output: ``from_pretrained("checkpoints/wmt17/en-de/CONFIG",
-        checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
-        bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
-        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                           archive_map=cls.hub_models(), **kwargs)
-        return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    @property
+    def alignment_switch(self):
+        return self.decoder.attention
 
     @property
     def full_context_alignment(self) -> bool:

@@ -45,21 +45,31 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor, nn
 
-from ..modules.attention import SCORE_FUNCTIONS, MemoryWrite, _check_choice, position_encoding_length, score_function
+from ..hub import MemAttnHubModel
+from ..modules.attention import (
+    SCORE_FUNCTIONS,
+    AlignmentSwitch,
+    MemoryWrite,
+    _check_choice,
+    position_encoding_length,
+    score_function,
+)
 from ..modules.beam_sharing import select_shared_rows
 from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 READ_MODES = ("attention", "mix")
 
 
-class MemAttnTransformerEncoder(TransformerEncoderBase):
+class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
     """fairseq's Transformer encoder followed by the write of Eq. 4-5.
 
     ``encoder_out`` is a dict:
       * ``memory``: B x M x K x d, the M = 1 (shared) or decoder-layers
         (``--memory-per-layer``) memories C;
-      * ``alpha``: B x M x S x K, the write weights, only when alignments are
-        wanted (``--print-alignment``), in the layout of ``src_tokens``;
+      * ``alpha``: B x M x S x K, the write weights, in the layout of
+        ``src_tokens``, only when alignments are kept (``keep_alignment``: by
+        default in eval mode, never in training; make_generation_fast_, i.e.
+        ``--print-alignment`` or its absence, decides for fairseq-generate);
       * ``group``: how many consecutive hypotheses share each row.
     """
 
@@ -71,7 +81,6 @@ class MemAttnTransformerEncoder(TransformerEncoderBase):
                         cfg.memory_encoder_normalize, position_encoding_length(cfg))
             for _ in range(num_memories)
         )
-        self.keep_alignment = False
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
@@ -96,6 +105,7 @@ class MemAttnTransformerEncoder(TransformerEncoderBase):
         return limit if covered is None else min(limit, covered)
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
+        # fairseq passes print_alignment itself, None when it is not given: that is a "no".
         self.keep_alignment = bool(need_attn)
 
 
@@ -265,12 +275,16 @@ class MemAttnTransformerDecoder(TransformerDecoderBase):
 
 
 @register_model("memattn_transformer")
-class MemAttnTransformerModel(TransformerModel):
+class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
     """fairseq's Transformer with fixed-size memory attention (Sec. 3)."""
 
     @classmethod
     def hub_models(cls):
         return {}  # fairseq's pretrained Transformers are not memory models
+
+    @property
+    def alignment_switch(self):
+        return self.encoder  # it keeps alpha, which the reads' alignments need
 
     @classmethod
     def add_args(cls, parser):

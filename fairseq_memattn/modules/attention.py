@@ -86,14 +86,13 @@ def _check_choice(name: str, value, choices) -> None:
         )
 
 
-class Attention(nn.Module):
-    """Base class: see the module docstring for the interface."""
+class AlignmentSwitch:
+    """For an ``nn.Module`` that keeps what alignments need (alpha of Eq. 4-5):
+    whether to keep it, shared by the LSTM's attention and the Transformer's
+    encoder (``models/transformer_memattn.py``)."""
 
-    context_dim = 0
-
-    def __init__(self):
-        super().__init__()
-        self.alignment_request: Optional[bool] = None
+    # None: the default below; True or False: make_generation_fast_'s (or the hub's) request.
+    alignment_request: Optional[bool] = None
 
     @property
     def keep_alignment(self) -> bool:
@@ -107,6 +106,12 @@ class Attention(nn.Module):
     @keep_alignment.setter
     def keep_alignment(self, value: Optional[bool]) -> None:
         self.alignment_request = value
+
+
+class Attention(AlignmentSwitch, nn.Module):
+    """Base class: see the module docstring for the interface."""
+
+    context_dim = 0
 
     def build_memory(self, states: Tensor, padding_mask: Tensor) -> Memory:
         raise NotImplementedError
@@ -422,10 +427,18 @@ class LinearAttention(Attention):
 
 
 def position_encoding_length(args) -> Optional[int]:
-    """S of Eq. 10 from the command line, or None without position encodings."""
+    """S of Eq. 10 from the command line, or None without position encodings.
+
+    The models fill S in from the training data (memory_options.fill_position_max_len)
+    before they get here; a caller that did not, gets an error rather than a
+    silent --max-source-positions, which would be a different model (Eq. 10
+    with S much longer than the sentences is nearly flat)."""
     if not args.memory_position_encoding:
         return None
-    return args.memory_position_max_len or args.max_source_positions
+    if args.memory_position_max_len is None:
+        raise ValueError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
+                         "(the longest source, EOS included), or --no-memory-position-encoding")
+    return args.memory_position_max_len
 
 
 def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:

@@ -47,6 +47,9 @@ def build(arch_args, source_len, target_len):
     torch.manual_seed(0)
     model = task.build_model(args)
     model.eval()
+    # as fairseq-generate without --print-alignment: no alignments (in plain eval mode both
+    # fairseq's Transformer and transformer_memattn would compute them)
+    model.make_generation_fast_(need_attn=False)
     return model, task
 
 
