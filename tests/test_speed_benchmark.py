@@ -48,3 +48,32 @@ def test_bad_options_are_named(tmp_path):
     assert result.returncode == 2 and "unknown --models k3" in result.stderr and "k32" in result.stderr
     result = run_benchmark("--out", str(tmp_path), "--lengths", "0")
     assert result.returncode == 2 and "lengths must be >= 1, got 0" in result.stderr
+
+
+def test_transformer_decode_tiny(monkeypatch, capsys):
+    """recipes/speed/transformer_decode.py on tiny models and lengths: every row of its tables is
+    there, with positive numbers; the fixed-size memory's cache does not grow with |S|."""
+    sys.path.insert(0, os.path.dirname(BENCHMARK))
+    import transformer_decode as td
+
+    monkeypatch.setattr(td, "SIZES", [
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+        "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"])
+    long_rows, copy_rows, train, found = td.main([
+        "--source-lens", "8", "80", "--target-len", "4", "--copy-lens", "8", "--sources", "2", "--beam", "2",
+        "--repeats", "1", "--train-len", "8", "--train-steps", "1"])
+    assert [(r["S"], r["T"], r["model"]) for r in long_rows + copy_rows] == [
+        (S, T, name) for S, T in ((8, 4), (80, 4), (8, 8)) for name in td.MODELS]
+    for row in long_rows + copy_rows:
+        assert row["runs"] == 1 and min(row["total"], row["encoder"], row["kib_self"]) > 0
+        assert row["kib"] > row["kib_self"]
+    kib = {(r["model"], r["S"]): r["kib"] for r in long_rows}
+    assert kib["memattn K=64 attention", 8] == kib["memattn K=64 attention", 80]
+    assert kib["transformer", 8] < kib["transformer", 80]
+    assert set(train) == set(td.MODELS) and min(train.values()) > 0
+    out = capsys.readouterr().out
+    assert out.count("| 80 | 4 |") == len(td.MODELS) and "## Targets" in out
+    # Targets whose cells were not run say so; the rest are measured.
+    assert {text for target, _, text, _, _ in found if "800" in target or "2000" in target} == {"not measured"}
+    assert all(met for target, _, _, met, _ in found if "constant" in target)
