@@ -47,13 +47,13 @@ def run_name(length, model):
     return f"L{length}_{model.replace(' ', '_').replace('=', '')}"
 
 
-def write_table(out, results, lengths, command):
+def write_table(out, results, lengths, models, command):
     lines = [f"Made by `{command}`.", "",
              "BLEU / exact-copy accuracy (%) on the test split; best validation loss (at update), "
              "all at the same number of updates.", "",
              "| model | " + " | ".join(f"L = {n}" for n in lengths) + " |",
              "| --- |" + " ---: |" * len(lengths)]
-    for model in MODELS:
+    for model in models:
         cells = []
         for length in lengths:
             r = results.get((length, model))
@@ -93,7 +93,7 @@ def main(argv=None):
                                 [*MODELS[model], *extra, *training(args.updates)], args.seed)
             if os.path.exists(os.path.join(run_dir, "score.json")):
                 results[(length, model)] = read_run(run_dir)
-            write_table(args.out, results, args.lengths, command)
+            write_table(args.out, results, args.lengths, args.models, command)
         curves = {model: read_train_log(os.path.join(args.out, run_name(length, model), "train.log"))["curve"]
                   for model in args.models
                   if os.path.exists(os.path.join(args.out, run_name(length, model), "train.log"))}
