@@ -64,11 +64,8 @@ def transformer_config_args(found) -> List[str]:
 
 
 def config_args(config: str) -> List[str]:
-    """fairseq-train options for one of the paper's configurations (the LSTM's,
-    after --arch lstm_memattn_wmt) or for a Transformer configuration (--arch first)."""
-    transformer = TRANSFORMER_CONFIG.fullmatch(config)
-    if transformer:
-        return transformer_config_args(transformer)
+    """fairseq-train options, after --arch lstm_memattn_wmt, for one of the paper's
+    configurations (Transformer configurations: transformer_config_args)."""
     found = CONFIG.fullmatch(config)
     if not found or (found["enc"] and not {found["enc"], found["dec"]} <= set(SCORES)):
         raise DataError(f"unknown configuration {config!r} (choose from {CONFIGS_HELP})")
@@ -121,11 +118,11 @@ TRANSFORMER_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "-
 def train_command(pair: str, config: str, data: str, save_dir: str, gpus: int,
                   extra: List[str]) -> List[str]:
     src, tgt = check_pair(pair)
-    model = config_args(config)
-    if model[0] == "--arch":
-        training = TRANSFORMER_TRAINING
+    transformer = TRANSFORMER_CONFIG.fullmatch(config)
+    if transformer:
+        model, training = transformer_config_args(transformer), TRANSFORMER_TRAINING
     else:
-        model, training = ["--arch", "lstm_memattn_wmt", *model], LSTM_TRAINING
+        model, training = ["--arch", "lstm_memattn_wmt", *config_args(config)], LSTM_TRAINING
     return [
         fairseq_tool("fairseq-train"), data_bin(data, pair), "--user-dir", PLUGIN_DIR,
         "--task", "translation", "--source-lang", src, "--target-lang", tgt, *model,

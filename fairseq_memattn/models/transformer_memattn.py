@@ -54,7 +54,7 @@ from ..modules.attention import (
     position_encoding_length,
     score_function,
 )
-from ..modules.beam_sharing import select_shared_rows
+from ..modules.beam_sharing import select_shared_group
 from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 READ_MODES = ("attention", "mix")
@@ -94,9 +94,7 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         return encoder_out
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        tensors = {name: t for name, t in encoder_out.items() if name != "group"}
-        tensors, group = select_shared_rows(tensors, new_order, encoder_out["group"])
-        return {**tensors, "group": group}
+        return select_shared_group(encoder_out, new_order)
 
     def max_positions(self):
         # fairseq filters or refuses longer sources, so none exceeds Eq. 10's S.
@@ -163,9 +161,7 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
         cache = self.get_incremental_state(incremental_state, "memory")
         if cache is None:
             return
-        tensors = {name: t for name, t in cache.items() if name != "group"}
-        tensors, group = select_shared_rows(tensors, new_order, cache["group"])
-        self.set_incremental_state(incremental_state, "memory", {**tensors, "group": group})
+        self.set_incremental_state(incremental_state, "memory", select_shared_group(cache, new_order))
 
 
 class MemoryAttentionRead(MemoryRead, MultiheadAttention):

@@ -38,3 +38,11 @@ def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int
     if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
         return tensors, new_group
     return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
+
+
+def select_shared_group(grouped: Dict[str, object], new_order: Tensor) -> Dict[str, object]:
+    """:func:`select_shared_rows` for a dict that carries its own ``group``
+    beside its tensors (an ``encoder_out``, a decoder's per-source cache)."""
+    tensors = {name: t for name, t in grouped.items() if name != "group"}
+    tensors, group = select_shared_rows(tensors, new_order, grouped["group"])
+    return {**tensors, "group": group}
