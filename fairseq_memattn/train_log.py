@@ -4,21 +4,29 @@ learning-curve plots: shared by the recipes (copy-task sweeps, real-data compari
 import logging
 import math
 import re
+from datetime import datetime
 
 
 def read_train_log(path):
     """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
     how training stopped ("converged": --patience; "cap": --max-update; None: not finished),
-    the updates done, and the cumulative wall-clock seconds (fairseq restores its meters on resume)."""
-    curve, stopped, wall, finished = {}, None, 0.0, False
+    the updates done, and the wall-clock seconds of all its processes together.
+
+    The seconds come from the log's timestamps (each process's first to last line), not from
+    fairseq's ``wall`` meter, which a resumed fairseq-train restores as 0."""
+    curve, stopped, finished = {}, None, False
+    spans = []  # [first, last] timestamp of each fairseq-train process
     with open(path) as f:
         for line in f:
+            m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|", line)
+            if m:
+                stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+                if not spans or "fairseq_cli.train | {" in line:
+                    spans.append([stamp, stamp])
+                spans[-1][1] = max(spans[-1][1], stamp)
             m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
             if m:
                 curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
-            m = re.search(r"\bwall=([\d.]+)", line) or re.search(r"\| wall ([\d.]+)", line)
-            if m:
-                wall = float(m.group(1))
             if "early stop since valid performance hasn't improved" in line:
                 stopped = "converged"
             elif "Stopping training due to num_updates" in line:
@@ -30,7 +38,8 @@ def read_train_log(path):
     curve = sorted(curve.items())
     best = min(curve, key=lambda point: point[1]) if curve else (0, math.nan)
     return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
-                best_update=best[0], best_valid_loss=best[1], train_seconds=wall)
+                best_update=best[0], best_valid_loss=best[1],
+                train_seconds=sum((last - first).total_seconds() for first, last in spans))
 
 
 def plot_curves(path, title, curves):

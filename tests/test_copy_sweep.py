@@ -19,7 +19,16 @@ from conftest import REPO, clean_env
 sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
 import sweep  # noqa: E402
 
-START = "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}\n"
+def start(at=0):
+    """A fairseq-train process's first line, ``at`` seconds into the day."""
+    return f"2026-01-01 {clock(at)} | INFO | fairseq_cli.train | {{'_name': None}}\n"
+
+
+def clock(seconds):
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+START = start()
 
 
 def valid(updates, loss):
@@ -28,7 +37,7 @@ def valid(updates, loss):
 
 
 def inner(updates, wall):
-    return (f"2026-01-01 00:00:01 | INFO | train_inner | epoch 001:  1 / 9 loss=1, ppl=2, wps=1, ups=1, "
+    return (f"2026-01-01 {clock(wall)} | INFO | train_inner | epoch 001:  1 / 9 loss=1, ppl=2, wps=1, ups=1, "
             f"num_updates={updates}, lr=0.001, gnorm=1, clip=0, train_wall=1, wall={wall}\n")
 
 
@@ -57,6 +66,10 @@ def test_log_parser_converged_cap_unfinished_and_resumed(tmp_path):
                     + START + valid(30, 1.9) + valid(40, 1.5) + CAP + DONE)
     assert resumed["curve"] == [(10, 3.0), (20, 2.0), (30, 1.9), (40, 1.5)]
     assert resumed["stopped"] == "cap"
+    # A resumed fairseq-train reports wall=0: the seconds are each process's span of timestamps.
+    resumed = parse(tmp_path, START + inner(10, 100) + valid(10, 3.0) + start(7200) + inner(20, 7230).replace(
+        "wall=7230", "wall=0") + CAP + DONE)
+    assert resumed["train_seconds"] == 100 + 30
 
 
 def fake_result(bleu, loss, stopped="converged", updates=1000):
