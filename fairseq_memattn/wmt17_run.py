@@ -41,7 +41,8 @@ CONFIG = re.compile(r"(?:att|k(?P<k>32|64)(?P<pe>_pe)?(?:_(?P<enc>\w+?)-(?P<dec>
 # for softmax/softmax and 7.62 for att) and among the fastest to converge on the copy task.
 DEFAULT_SCORES = ("sigmoid", "softmax")
 # The Transformer: fairseq's own ``transformer`` (the baseline) and ``transformer_memattn``
-# (K rows, position encodings; the decoder layers read them by attention, or by the paper's mix).
+# (K rows written with the architecture's defaults; the decoder layers read them by attention, or
+# by the paper's mix).
 TRANSFORMER_CONFIG = re.compile(r"transformer(?:_k(?P<k>32|64)(?P<mix>_mix)?)?")
 CONFIGS_HELP = ("att (standard attention), k32, k64, k32_pe, k64_pe (memory attention, K contexts, "
                 "+ position encodings), each k... optionally with _ENC-DEC scoring functions, "
@@ -59,8 +60,7 @@ def transformer_config_args(found) -> List[str]:
     if not found["k"]:
         return ["--arch", "transformer"]
     return ["--arch", "transformer_memattn", "--memory-k", found["k"],
-            "--memory-read", "mix" if found["mix"] else "attention",
-            "--memory-position-encoding", "--memory-position-max-len", str(MAX_POSITIONS)]
+            "--memory-read", "mix" if found["mix"] else "attention"]
 
 
 def config_args(config: str) -> List[str]:

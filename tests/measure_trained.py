@@ -1,6 +1,7 @@
 """Measure what the tests that assert a trained result reach, over seeds and thread counts.
 
-    python tests/measure_trained.py cli transformer distributed reliability wmt17 quickstart \\
+    python tests/measure_trained.py cli transformer distributed distributed_transformer reliability \\
+        wmt17 wmt17_transformer quickstart \\
         --seeds 1 2 3 4 5 --threads 1 2 --out /tmp/measure
 
 Each test fixes its seed, but another machine (CPU, thread count, BLAS build) ends a short
@@ -31,6 +32,7 @@ import test_distributed  # noqa: E402
 import test_reliability  # noqa: E402
 import test_transformer_memattn  # noqa: E402
 import test_wmt17  # noqa: E402
+import wmt17_toy  # noqa: E402
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env  # noqa: E402
 
 from fairseq_memattn.score import read_generate_output, score  # noqa: E402
@@ -79,13 +81,13 @@ def measure_cli(run_dir, seed, env):
             "interactive_copies": copies}
 
 
-def measure_distributed(run_dir, seed, env):
+def measure_distributed(run_dir, seed, env, train=test_distributed.TRAIN):
     """test_distributed.py: two gloo ranks started by hand; the loss curve's statistics."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen(
-        [os.path.join(BIN, "fairseq-train"), *with_seed(test_distributed.TRAIN, seed),
+        [os.path.join(BIN, "fairseq-train"), *with_seed(train, seed),
          *test_distributed.CPU_FLAGS, "--save-dir", str(run_dir), "--distributed-rank", str(rank),
          "--distributed-init-method", f"tcp://127.0.0.1:{port}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
@@ -95,6 +97,11 @@ def measure_distributed(run_dir, seed, env):
     curve = test_distributed.losses(logs[0])
     return {"first": curve[0], "last_mean": test_distributed.final_loss(curve),
             "drop": round(curve[0] - test_distributed.final_loss(curve), 3), "curve": curve}
+
+
+def measure_distributed_transformer(run_dir, seed, env):
+    """test_distributed.py's transformer_memattn (TRANSFORMER_TRAIN): the same statistics."""
+    return measure_distributed(run_dir, seed, env, train=test_distributed.TRANSFORMER_TRAIN)
 
 
 def measure_reliability(run_dir, seed, env):
@@ -139,6 +146,14 @@ def measure_wmt17(run_dir, seed, env):
             "hund": bool(translations) and "Hund" in translations[0]}
 
 
+def measure_wmt17_transformer(run_dir, seed, env):
+    """test_wmt17.py's transformer_k64 at toy sizes (conftest.own_pair_transformer): test BLEU."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    done = wmt17_toy.prepare_train_evaluate(run_dir, "en-fr", with_seed(wmt17_toy.TINY_TRANSFORMER, seed),
+                                            threads=env["OMP_NUM_THREADS"], config=wmt17_toy.TRANSFORMER_CONFIG)
+    return {"bleu": json.loads(done["evaluated"].stdout.strip().splitlines()[-1])["bleu"]}
+
+
 def measure_quickstart(run_dir, seed, env):
     """recipes/copy/quickstart.sh without its setup step: test BLEU / accuracy."""
     subprocess.run(["bash", os.path.join(REPO, "recipes", "copy", "quickstart.sh"), "--seed", str(seed)],
@@ -148,8 +163,10 @@ def measure_quickstart(run_dir, seed, env):
     return json.loads((run_dir / "score.json").read_text())
 
 
-MEASURES = {"cli": measure_cli, "distributed": measure_distributed, "reliability": measure_reliability,
-            "wmt17": measure_wmt17, "quickstart": measure_quickstart, "transformer": measure_transformer}
+MEASURES = {"cli": measure_cli, "distributed": measure_distributed,
+            "distributed_transformer": measure_distributed_transformer, "reliability": measure_reliability,
+            "wmt17": measure_wmt17, "wmt17_transformer": measure_wmt17_transformer,
+            "quickstart": measure_quickstart, "transformer": measure_transformer}
 
 
 def summary(rows):

@@ -36,12 +36,12 @@ def add_memory_args(parser):
                              "read when the model is built for training and kept in the checkpoint")
 
 
-def memory_defaults(args, memory_k, position_encoding):
+def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contexts"):
     """Defaults of the options add_memory_args adds, for an architecture."""
     args.memory_k = getattr(args, "memory_k", memory_k)
     args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
     args.memory_decoder_score = getattr(args, "memory_decoder_score", "softmax")
-    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", "contexts")
+    args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", encoder_normalize)
     args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
     args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
 
