@@ -71,9 +71,9 @@ def config_args(config: str) -> List[str]:
         raise DataError(f"unknown configuration {config!r} (choose from {CONFIGS_HELP})")
     if config == "att":
         return ["--attention-type", "additive", "--no-memory-position-encoding"]
-    args = ["--attention-type", "memory", "--memory-k", found["k"],
-            "--memory-position-encoding" if found["pe"] else "--no-memory-position-encoding",
-            "--memory-position-max-len", str(MAX_POSITIONS)]
+    args = ["--attention-type", "memory", "--memory-k", found["k"]]
+    args += (["--memory-position-encoding", "--memory-position-max-len", str(MAX_POSITIONS)] if found["pe"]
+             else ["--no-memory-position-encoding"])
     # Without a suffix: the combination the evidence favours (see DEFAULT_SCORES), not the
     # model's softmax/softmax default, which the paper found "consistently performs badly".
     enc, dec = (found["enc"], found["dec"]) if found["enc"] else DEFAULT_SCORES

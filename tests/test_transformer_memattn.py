@@ -458,6 +458,15 @@ def test_architectures_have_fairseqs_sizes():
     assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.decoder_attention_heads) == (512, 1024, 4)
 
 
+def test_position_max_len_without_position_encodings_is_reported(dictionary, caplog):
+    """An S of Eq. 10 with the encodings off (the default) is ignored, and the log says so."""
+    build_transformer(dictionary, memory_position_encoding=False, memory_position_max_len=9)
+    assert "--memory-position-max-len 9 is ignored: position encodings are off" in caplog.text
+    caplog.clear()
+    build_transformer(dictionary)  # encodings on, S given: nothing to report
+    assert "ignored" not in caplog.text
+
+
 def test_sources_beyond_position_encodings_are_filtered_by_fairseq(dictionary):
     model = build_transformer(dictionary, memory_position_max_len=7, max_source_positions=20)
     assert model.max_positions()[0] == 7

@@ -74,6 +74,9 @@ def fill_position_max_len(args, task) -> None:
     """With position encodings and no --memory-position-max-len, S is the
     training data's longest source, stored in args so that the checkpoint
     keeps the S the model was trained with."""
+    if not args.memory_position_encoding and args.memory_position_max_len is not None:
+        logger.warning(f"--memory-position-max-len {args.memory_position_max_len} is ignored: position "
+                       f"encodings are off (add --memory-position-encoding to use them)")
     if args.memory_position_encoding and args.memory_position_max_len is None:
         args.memory_position_max_len = longest_training_source(args, task)
 
