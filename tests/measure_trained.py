@@ -149,8 +149,9 @@ def measure_wmt17(run_dir, seed, env):
 def measure_wmt17_transformer(run_dir, seed, env):
     """test_wmt17.py's transformer_k64 at toy sizes (conftest.own_pair_transformer): test BLEU."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    done = wmt17_toy.prepare_train_evaluate(run_dir, "en-fr", with_seed(wmt17_toy.TINY_TRANSFORMER, seed),
-                                            threads=env["OMP_NUM_THREADS"], config=wmt17_toy.TRANSFORMER_CONFIG)
+    done = wmt17_toy.prepare_train_evaluate(
+        run_dir, "en-fr", with_seed(wmt17_toy.TINY_TRANSFORMER, seed), threads=env["OMP_NUM_THREADS"],
+        config=wmt17_toy.TRANSFORMER_CONFIG)
     return {"bleu": json.loads(done["evaluated"].stdout.strip().splitlines()[-1])["bleu"]}
 
 

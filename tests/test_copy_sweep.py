@@ -19,6 +19,7 @@ from conftest import REPO, clean_env
 sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
 import sweep  # noqa: E402
 
+
 def start(at=0):
     """A fairseq-train process's first line, ``at`` seconds into the day."""
     return f"2026-01-01 {clock(at)} | INFO | fairseq_cli.train | {{'_name': None}}\n"
@@ -36,9 +37,12 @@ def valid(updates, loss):
             f"| ppl 2 | wps 1 | wpb 1 | bsz 1 | num_updates {updates}\n")
 
 
-def inner(updates, wall):
-    return (f"2026-01-01 {clock(wall)} | INFO | train_inner | epoch 001:  1 / 9 loss=1, ppl=2, wps=1, ups=1, "
-            f"num_updates={updates}, lr=0.001, gnorm=1, clip=0, train_wall=1, wall={wall}\n")
+def inner(updates, at, wall=None):
+    """A train_inner line ``at`` seconds into the day; fairseq's own ``wall`` meter says ``wall``
+    (by default the same)."""
+    return (f"2026-01-01 {clock(at)} | INFO | train_inner | epoch 001:  1 / 9 loss=1, ppl=2, wps=1, ups=1, "
+            f"num_updates={updates}, lr=0.001, gnorm=1, clip=0, train_wall=1, "
+            f"wall={at if wall is None else wall}\n")
 
 
 EARLY_STOP = "x | INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 2 runs\n"
@@ -67,8 +71,8 @@ def test_log_parser_converged_cap_unfinished_and_resumed(tmp_path):
     assert resumed["curve"] == [(10, 3.0), (20, 2.0), (30, 1.9), (40, 1.5)]
     assert resumed["stopped"] == "cap"
     # A resumed fairseq-train reports wall=0: the seconds are each process's span of timestamps.
-    resumed = parse(tmp_path, START + inner(10, 100) + valid(10, 3.0) + start(7200) + inner(20, 7230).replace(
-        "wall=7230", "wall=0") + CAP + DONE)
+    resumed = parse(tmp_path, START + inner(10, 100) + valid(10, 3.0) + start(7200)
+                    + inner(20, 7230, wall=0) + CAP + DONE)
     assert resumed["train_seconds"] == 100 + 30
 
 

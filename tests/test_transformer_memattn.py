@@ -478,10 +478,10 @@ def test_sources_beyond_position_encodings_are_filtered_by_fairseq(dictionary):
 
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10",
         "--copy-train-size", "4000", "--copy-valid-size", "100", "--copy-test-size", "100"]
-MODEL = ["--arch", "transformer_memattn", "--memory-k", "16", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-         "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-layers", "2",
-         "--decoder-layers", "2", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-         "--dropout", "0"]
+MODEL = ["--arch", "transformer_memattn", "--memory-k", "16", "--encoder-embed-dim", "64",
+         "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
+         "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-attention-heads", "2",
+         "--decoder-attention-heads", "2", "--dropout", "0"]
 # The architecture's defaults (write normalised over time, no position encodings). Seeds 1-5 on
 # 1 thread: BLEU 100 / 100 / 100 / 99.45 / 100, accuracy 100 / 100 / 100 / 98 / 100; on 2 threads:
 # BLEU 99.45 / 99.28 / 98.63 / 100 / 99.45, accuracy 99 / 98 / 96 / 100 / 98. Over the 10: BLEU
