@@ -57,12 +57,12 @@ def test_transformer_decode_tiny(monkeypatch, capsys):
     import transformer_decode as td
 
     monkeypatch.setattr(td, "SIZES", [
-        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+        "--encoder-embed-dim", "16",
         "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"])
     long_rows, copy_rows, train, found = td.main([
         "--source-lens", "8", "80", "--target-len", "4", "--copy-lens", "8", "--sources", "2", "--beam", "2",
-        "--repeats", "1", "--train-len", "8", "--train-steps", "1"])
+        "--repeats", "1", "--train-len", "8", "--train-steps", "1", "--layers", "2", "1"])
     assert [(r["S"], r["T"], r["model"]) for r in long_rows + copy_rows] == [
         (S, T, name) for S, T in ((8, 4), (80, 4), (8, 8)) for name in td.MODELS]
     for row in long_rows + copy_rows:
@@ -73,7 +73,10 @@ def test_transformer_decode_tiny(monkeypatch, capsys):
     assert kib["transformer", 8] < kib["transformer", 80]
     assert set(train) == set(td.MODELS) and min(train.values()) > 0
     out = capsys.readouterr().out
-    assert out.count("| 80 | 4 |") == len(td.MODELS) and "## Targets" in out
+    assert out.count("| 80 | 4 |") == len(td.MODELS) and "## Targets" in out and "2 + 1 layers" in out
+    for arch_args in td.MODELS.values():  # --layers reaches every model: a deep encoder, a shallow decoder
+        model, _, _ = td.build(arch_args, 8, (2, 1))
+        assert (len(model.encoder.layers), len(model.decoder.layers)) == (2, 1)
     # Targets whose cells were not run say so; the rest are measured.
     assert {text for target, _, text, _, _ in found if "800" in target or "2000" in target} == {"not measured"}
     assert all(met for target, _, _, met, _ in found if "constant" in target)

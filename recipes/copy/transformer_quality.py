@@ -8,7 +8,8 @@ Every model: 2 + 2 layers of 128 units, 4 heads, FFN 512, no dropout, Adam (0.9,
 1,000 warm-up updates (inverse square root), batches of 64, the same --updates for all (the budget),
 validation every 250 updates, the best checkpoint by validation loss decoded with beam 10 and
 --min-len 0 (recipes/copy/train_eval.sh). Memory models: K = 32 and 64, both reads (attention over
-the K rows, the paper's mix c = beta C), position encodings on (the architecture's default).
+the K rows, the paper's mix c = beta C), the write as the architecture's defaults have it (softmax
+over time, no position encodings; --memory-args changes that).
 Writes OUT/table.md and OUT/curves_L{L}.png; resumable (a run with a score.json is kept).
 """
 

@@ -6,7 +6,7 @@ size (issue 14). The full grid, as run for results/speed/transformer.md:
         --target-len 50 --copy-lens 50 200 800 --sources 20 --beam 5 --repeats 3 \\
         --max-cell-seconds 60 --train-len 800 --train-steps 2 --profile-missed --out OUT.md
 
-Untrained models (seed 0) as fairseq-train builds them, 3 + 3 layers of 256 units (4 heads, FFN 1024),
+Untrained models (seed 0) as fairseq-train builds them, 3 + 3 layers (--layers) of 256 units (4 heads, FFN 1024),
 20 symbols; one model of each kind serves every cell (positions up to the longest length + 2; the memory's
 S of Eq. 10 is the longest source + EOS). Decoding: fairseq's SequenceGenerator with --beam over one
 batch of --sources random sources of exactly |S| symbols, every output forced to |T| tokens
@@ -45,8 +45,7 @@ PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
 sys.path.insert(0, HERE)
 from benchmark import copy_batches, decoder_for  # noqa: E402
 
-SIZES = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-         "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+SIZES = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
          "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
          "--decoder-attention-heads", "4"]
 BASELINE = "transformer"
@@ -66,6 +65,9 @@ def parse_args(argv=None):
                    help="(b) copy regime: |T| = |S| = L")
     p.add_argument("--sources", type=int, default=20, help="sources per batch (one batch per cell)")
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--layers", nargs=2, type=int, default=[3, 3], metavar=("ENCODER", "DECODER"),
+                   help="encoder and decoder layers of every model (e.g. 12 1: a deep encoder and a "
+                        "shallow decoder, Kasai et al. 2021)")
     p.add_argument("--repeats", type=int, default=3, help="rounds per cell (medians reported)")
     p.add_argument("--max-cell-seconds", type=float, default=60.0,
                    help="no further round once a cell has used this long (at least one round)")
@@ -78,19 +80,22 @@ def parse_args(argv=None):
     for name in ("target_len", "sources", "beam", "repeats", "train_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.layers) < 1:
+        p.error(f"--layers must be >= 1, got {' '.join(map(str, args.layers))}")
     if min(args.source_lens + args.copy_lens + [args.train_len or 1]) < 1:
         p.error("lengths must be >= 1")
     return args
 
 
-def build(arch_args, max_len):
+def build(arch_args, max_len, layers=(3, 3)):
     """An untrained model as fairseq-train builds it (seed 0), its task and fairseq's cross_entropy."""
     from fairseq import options, tasks
 
     memory = ["--memory-position-max-len", str(max_len + 1)] if "transformer_memattn" in arch_args else []
     cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
            "--criterion", "cross_entropy", "--max-source-positions", str(max_len + 2),
-           "--max-target-positions", str(max_len + 2), *SIZES, *arch_args, *memory]
+           "--max-target-positions", str(max_len + 2), "--encoder-layers", str(layers[0]),
+           "--decoder-layers", str(layers[1]), *SIZES, *arch_args, *memory]
     args = options.parse_args_and_arch(options.get_training_parser(), cmd)
     task = tasks.setup_task(args)
     torch.manual_seed(0)
@@ -315,7 +320,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     max_len = max(args.source_lens + args.copy_lens + [args.target_len, args.train_len])
-    models = {name: build(arch_args, max_len) for name, arch_args in MODELS.items()}
+    models = {name: build(arch_args, max_len, args.layers) for name, arch_args in MODELS.items()}
     for model, task, _ in models.values():  # warm-up: one tiny decode each
         decode_once(model, decoder_for(model, task, 4, args.beam), copy_batches(task, 8, 2, 2)[0], 4)
 
@@ -324,8 +329,8 @@ def main(argv=None):
     train = {name: training_tokens_per_second(*parts, args) for name, parts in models.items()} \
         if args.train_len else {}
 
-    header = (f"beam {args.beam}, {args.sources} sources, up to {args.repeats} rounds per cell "
-              f"(medians), {torch.get_num_threads()} thread")
+    header = (f"{args.layers[0]} + {args.layers[1]} layers, beam {args.beam}, {args.sources} sources, "
+              f"up to {args.repeats} rounds per cell (medians), {torch.get_num_threads()} thread")
     lines = [f"## (a) Long source, short output: \\|T\\| = {args.target_len}", "", header, "",
              *decode_table(long_rows), "", "## (b) Copy regime: \\|T\\| = \\|S\\|", "", header, "",
              *decode_table(copy_rows), ""]
