@@ -184,3 +184,70 @@ def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     out = finish(start_sweep(tmp_path))
     assert out.count("done already, skipped") == 1 and "decoding" in out and "training" not in out
     assert (first / "train.log").read_text() == log and (first / "score.json").exists()
+
+
+def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
+    """The scheduler with stand-in runs: at most `jobs` at once, in run_order's order as far as they
+    can start, a "chosen" run only after its seed-1 combinations have all ended, failures not
+    recorded, finished runs not run again."""
+    import threading
+
+    scorings = sweep.SCORINGS[:2]
+    runs = sweep.run_order([6], ["K=1", "Att"], [1, 2], 1, scorings)
+    earlier = (6, "K=1", scorings[0], 1)  # finished in an earlier sweep
+    slow = (6, "K=1", scorings[1], 1)  # the last seed-1 combination to end: the choice waits for it
+    failing = (6, "Att", None, 2)
+    chosen = (6, "K=1", scorings[1], 2)
+    lock, events, busy = threading.Lock(), [], []
+
+    def execute(run):
+        with lock:
+            busy.append(run)
+            events.append(("start", run, len(busy)))
+        time.sleep(0.3 if run == slow else 0.05)
+        with lock:
+            busy.remove(run)
+            events.append(("end", run, len(busy)))
+        return run != failing
+
+    recorded = []
+    sweep.run_all(runs, 2, execute, recorded.append, scorings, done=lambda run: run == earlier,
+                  choose=lambda length, model: scorings[1])
+    start = {run: i for i, (kind, run, _) in enumerate(events) if kind == "start"}
+    end = {run: i for i, (kind, run, _) in enumerate(events) if kind == "end"}
+    assert max(n for kind, _, n in events if kind == "start") == 2  # two at once, never three
+    assert earlier not in start and earlier in recorded
+    assert start[chosen] > end[slow]
+    assert start[failing] < start[chosen]  # Att's seed 2 did not wait behind the K=1 choice
+    assert set(start) == {(6, "K=1", scorings[1], 1), (6, "Att", None, 1), failing, chosen}
+    assert sorted(recorded) == sorted(set(start) - {failing} | {earlier})
+
+
+def test_tiny_sweep_with_two_jobs(tmp_path):
+    """The real driver with --jobs 2: two fairseq-train processes at once, every run scored, and the
+    seed-2 run uses the seed-1 combination with the lower validation loss (read from the logs)."""
+    env = clean_env(OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    out = finish(subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--models", "K=1",
+         "--scorings", *CHOICES, "--seeds", "1", "2", "--jobs", "2", "--out", str(tmp_path)], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    runs = tmp_path / "runs"
+    best = {}
+    for scoring in SELECTED:
+        text = (runs / sweep.run_name(6, "K=1", scoring, 1) / "train.log").read_text()
+        best[scoring] = min(float(x) for x in re.findall(r"\| valid \|.*?\| loss ([\d.]+)", text))
+    chosen = min(best, key=best.get)
+    expected = {sweep.run_name(6, "K=1", s, 1) for s in SELECTED} | {sweep.run_name(6, "K=1", chosen, 2)}
+    assert {p.name for p in runs.iterdir()} == expected
+    assert all((runs / name / "score.json").exists() for name in expected)
+
+    def span(name):  # first and last timestamp of a run's fairseq-train
+        stamps = re.findall(r"^\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d)", (runs / name / "train.log").read_text(), re.M)
+        return stamps[0], stamps[-1]
+
+    first, second = (span(sweep.run_name(6, "K=1", s, 1)) for s in SELECTED)
+    assert first[0] < second[1] and second[0] < first[1]  # the two seed-1 runs trained at the same time
+    assert span(sweep.run_name(6, "K=1", chosen, 2))[0] >= max(first[1], second[1])
+    for name in expected:  # every line of the driver's output says whose it is
+        assert f"{name}: " in out
+    assert f"| 6 | K=1 | {chosen[0]}/{chosen[1]} (of 2) | 2 |" in (tmp_path / "table.md").read_text()

@@ -30,6 +30,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
@@ -171,7 +172,12 @@ def train_and_score(run_dir, copy_args, train_args, seed):
     env = {**os.environ, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
     command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args,
                "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
-    if subprocess.run(command, env=env).returncode != 0:
+    # Each line says whose it is: with --jobs, several runs print at once.
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        for line in process.stdout:
+            print(f"{os.path.basename(run_dir)}: {line}", end="", flush=True)
+    if process.returncode != 0:
         print(f"== {os.path.basename(run_dir)}: FAILED (see its train.log / generate.log)", flush=True)
         return False
     return True
@@ -295,7 +301,11 @@ def main(argv=None):
                         help="encoder/decoder scoring combinations to select from (default: all four)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="training seeds (default: 1..the preset's count); the first selects the scoring")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs trained at once (e.g. one per core, each with OMP_NUM_THREADS=1)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} (must be >= 1)")
     preset = PRESETS[args.preset]
     lengths = args.lengths or preset["lengths"]
     bad = [n for n in lengths if n < 1]
@@ -310,22 +320,69 @@ def main(argv=None):
     command = shlex.join(["python", "recipes/copy/sweep.py", *(sys.argv[1:] if argv is None else argv)])
 
     results = {}
-    for length, model, scoring, seed in run_order(lengths, models, seeds, preset["fig3b_k"], scorings):
-        if scoring == "chosen":
-            scoring = choose_scoring(results, length, model)
-            if scoring is None:
-                print(f"== L{length} {model} seed {seed}: no seed-1 run to choose a scoring from, skipped")
-                continue
-        run_dir = os.path.join(args.out, "runs", run_name(length, model, scoring, seed))
-        if os.path.exists(os.path.join(run_dir, "score.json")):
-            print(f"== {os.path.basename(run_dir)}: done already, skipped", flush=True)
-        elif not train_and_score(run_dir, " ".join([f"--copy-max-len {length}", *preset["copy"]]),
-                                 [*model_args(model, scoring), *preset["train"]], seed):
-            continue
-        results[(length, model, scoring, seed)] = read_run(run_dir)
+
+    def run_dir(run):
+        return os.path.join(args.out, "runs", run_name(*run))
+
+    def execute(run):
+        length, model, scoring, seed = run
+        return train_and_score(run_dir(run), " ".join([f"--copy-max-len {length}", *preset["copy"]]),
+                               [*model_args(model, scoring), *preset["train"]], seed)
+
+    def record(run):
+        results[run] = read_run(run_dir(run))
         write_tables(args.out, results, lengths, models, args.preset, command)  # progress stays visible
         write_figures(args.out, results, lengths, models, preset["fig3b_k"])
+
+    runs = run_order(lengths, models, seeds, preset["fig3b_k"], scorings)
+    run_all(runs, args.jobs, execute, record, scorings,
+            done=lambda run: os.path.exists(os.path.join(run_dir(run), "score.json")),
+            choose=lambda length, model: choose_scoring(results, length, model))
     print(open(os.path.join(args.out, "table.md")).read())
+
+
+def run_all(runs, jobs, execute, record, scorings, done, choose):
+    """Runs `runs` (run_order's) with up to `jobs` at once, each started in that order as soon as
+    it can be: a "chosen" run waits until seed 1 of its (L, model) has ended in every combination
+    of `scorings`, then takes choose(L, model). execute(run) trains and scores (False: failed);
+    record(run) reads a finished run. A run done already is recorded without running again."""
+    pending, ended = list(runs), set()
+    with ThreadPoolExecutor(jobs) as pool:
+        running = {}
+        while pending or running:
+            started = len(pending)
+            for run in list(pending):
+                if len(running) == jobs:
+                    break
+                length, model, scoring, seed = run
+                if scoring == "chosen":
+                    if any((length, model, s, 1) not in ended for s in scorings):
+                        continue  # not ready: its seed-1 runs are still training
+                    pending.remove(run)
+                    scoring = choose(length, model)
+                    if scoring is None:
+                        print(f"== L{length} {model} seed {seed}: no seed-1 run to choose a scoring from, "
+                              "skipped", flush=True)
+                        continue
+                    run = (length, model, scoring, seed)
+                else:
+                    pending.remove(run)
+                if done(run):
+                    print(f"== {run_name(*run)}: done already, skipped", flush=True)
+                    ended.add(run)
+                    record(run)
+                else:
+                    running[pool.submit(execute, run)] = run
+            if not running:
+                if len(pending) == started:  # nothing could start, and nothing will end
+                    raise RuntimeError(f"runs waiting for seed-1 runs outside the sweep: {pending}")
+                continue  # the runs left were waiting for one recorded just now
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                run = running.pop(future)
+                ended.add(run)
+                if future.result():
+                    record(run)
 
 
 if __name__ == "__main__":
