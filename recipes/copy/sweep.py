@@ -169,7 +169,10 @@ def train_and_score(run_dir, copy_args, train_args, seed):
     log = os.path.join(run_dir, "train.log")
     trained = os.path.exists(log) and read_train_log(log)["stopped"] is not None
     print(f"== {os.path.basename(run_dir)}: {'decoding' if trained else 'training'}", flush=True)
-    env = {**os.environ, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
+    # train_eval.sh calls fairseq-train, fairseq-generate and python: this interpreter's, so that a
+    # driver started as .venv/bin/python needs no activated venv.
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
     command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args,
                "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
     # Each line says whose it is: with --jobs, several runs print at once.
