@@ -11,8 +11,9 @@ offline en-fr Bible corpus (public-domain translations, split by book; ../shared
 
 Each model trains for the same number of updates (--max-update, the budget; one thread each, the
 pair side by side so that both see the same machine) and keeps the checkpoint with the best
-validation loss; ``report`` decodes the test split (Romans) with beam 5, removes the BPE and scores
-with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md and OUT/curves.png. Re-running
+validation loss; ``report`` decodes the test split (Romans) of every finished run with beam 5, removes the BPE and
+scores with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md (a table per pair) and
+OUT/curves_MODEL.png (each memory model's validation curve beside its baseline's). Re-running
 ``train`` resumes from the run's checkpoint_last.pt; ``report`` skips finished evaluations.
 """
 
@@ -85,8 +86,10 @@ def report(args):
         checkpoint = os.path.join(args.checkpoints, model, "checkpoint_best.pt")
         if not os.path.isfile(os.path.join(run, "train.log")):
             continue
+        log = read_train_log(os.path.join(run, "train.log"))
         score_file = os.path.join(run, "score.json")
-        if not os.path.isfile(score_file) and os.path.isfile(checkpoint):
+        # Only a finished run is evaluated: a score kept from a checkpoint still training would be stale.
+        if not os.path.isfile(score_file) and log["stopped"] is not None and os.path.isfile(checkpoint):
             result = subprocess.run(
                 [sys.executable, "-m", "fairseq_memattn.wmt17_run", "evaluate", "en-fr", checkpoint,
                  "--data", args.data, "--gpus", "0", "--out", run, "--beam", "5"],
@@ -98,19 +101,42 @@ def report(args):
             with open(score_file, "w", encoding="utf-8") as f:
                 f.write(result.stdout.strip().splitlines()[-1] + "\n")
         score = json.load(open(score_file)) if os.path.isfile(score_file) else {}
-        rows.append((model, read_train_log(os.path.join(run, "train.log")), score))
+        rows.append((model, log, score))
     write_table(args.out, rows)
-    plot_curves(os.path.join(args.out, "curves.png"), "Bible en-fr: equal number of updates",
-                {model: log["curve"] for model, log, _ in rows})
+    curves = {model: log["curve"] for model, log, _ in rows}
+    for memory_model, baseline in PAIRS.items():  # the pairs' losses differ (label smoothing or not)
+        pair = {m: curves[m] for m in (baseline, memory_model) if m in curves}
+        if pair:
+            plot_curves(os.path.join(args.out, f"curves_{memory_model}.png"),
+                        f"Bible en-fr: {memory_model} against {baseline}", pair)
 
 
 def write_table(out, rows):
-    lines = ["| model | updates | training wall (s) | best valid loss (at update) | test BLEU (beam 5) | "
-             "decoding s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for model, log, score in rows:
-        lines.append(f"| {model} | {log['updates']} | {log['train_seconds']:.0f} | "
-                     f"{log['best_valid_loss']:.3f} ({log['best_update']}) | {score.get('bleu', '')} | "
-                     f"{score.get('decoding_seconds', '')} |")
+    """OUT/table.md: one table per pair (memory model and its baseline, the same number of updates)."""
+    by_model = {model: (log, score) for model, log, score in rows}
+    lines = ["# Bible en-fr: memory attention against its baseline at an equal number of updates", "",
+             "Test split (Romans), beam 5, sacreBLEU on detokenised text (`wmt17_run evaluate`); the "
+             "checkpoint with the best validation loss. Made by, one model at a time (the exact "
+             "fairseq-train command heads each MODEL/train.log):", "", "```bash",
+             "python ../shared/corpora/bible.py RAW",
+             "python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir RAW --out DATA --vocab-size 8000",
+             "OMP_NUM_THREADS=1 python recipes/bible/compare.py train MODEL --data DATA --max-update N",
+             "python recipes/bible/compare.py report --data DATA", "```"]
+    for memory_model, baseline in PAIRS.items():
+        pair = [m for m in (baseline, memory_model) if m in by_model]
+        if not pair:
+            continue
+        lines += ["", f"## {memory_model} against {baseline}", "",
+                  "| model | updates | training wall (s) | best valid loss (at update) | test BLEU (beam 5) "
+                  "| vs baseline | decoding s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        base_bleu = by_model.get(baseline, (None, {}))[1].get("bleu")
+        for model in pair:
+            log, score = by_model[model]
+            bleu = score.get("bleu")
+            delta = f"{bleu - base_bleu:+.2f}" if model != baseline and None not in (bleu, base_bleu) else ""
+            lines.append(f"| {model} | {log['updates']} | {log['train_seconds']:.0f} | "
+                         f"{log['best_valid_loss']:.3f} ({log['best_update']}) | {'' if bleu is None else bleu} "
+                         f"| {delta} | {score.get('decoding_seconds', '')} |")
     with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -123,7 +149,7 @@ def main(argv=None):
     p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
     p.add_argument("--out", default=os.path.join(REPO, "results", "bible"))
     p.add_argument("--checkpoints", default=os.path.join(REPO, "checkpoints", "bible"))
-    p.add_argument("--max-update", type=int, default=2500, help="the budget, equal for every model")
+    p.add_argument("--max-update", type=int, default=2000, help="the budget, equal for every model")
     p.add_argument("--seed", type=int, default=1)
     args, args.extra = p.parse_known_args(argv)
     if args.command == "train":

@@ -1,0 +1,51 @@
+"""recipes/bible/compare.py's report on written logs and scores: a table per pair with the memory
+model's BLEU against its baseline's, and no evaluation of a run that is still training."""
+
+import json
+import os
+import sys
+
+from conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
+import compare  # noqa: E402
+
+
+def train_log(losses, finished=True):
+    lines = ["$ fairseq-train ...\n",
+             "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}\n"]
+    for i, loss in enumerate(losses, 1):
+        lines.append(f"2026-01-01 00:{i:02d}:00 | INFO | valid | epoch {i:03d} | valid on 'valid' subset | "
+                     f"loss {loss} | nll_loss 1 | ppl 2 | wps 1 | wpb 1 | bsz 1 | num_updates {100 * i}\n")
+    if finished:
+        lines += ["x | INFO | fairseq_cli.train | Stopping training due to num_updates: 300 >= max_update: 300\n",
+                  "x | INFO | fairseq_cli.train | done training in 9.0 seconds\n"]
+    return "".join(lines)
+
+
+def test_report_tables_per_pair(tmp_path):
+    out, checkpoints = tmp_path / "results", tmp_path / "checkpoints"
+    runs = {"transformer": ([7.0, 6.0, 5.5], {"bleu": 10.0, "decoding_seconds": 3.1}),
+            "transformer_memattn": ([7.2, 6.1, 5.6], {"bleu": 9.5, "decoding_seconds": 2.0}),
+            "lstm_att": ([6.5, 6.0], None)}  # still training
+    for model, (losses, score) in runs.items():
+        (out / model).mkdir(parents=True)
+        (out / model / "train.log").write_text(train_log(losses, finished=score is not None))
+        if score:
+            (out / model / "score.json").write_text(json.dumps(score))
+    # A checkpoint of the unfinished run: evaluating it would fail (it is no checkpoint) and stop the report.
+    (checkpoints / "lstm_att").mkdir(parents=True)
+    (checkpoints / "lstm_att" / "checkpoint_best.pt").write_text("not a checkpoint")
+
+    compare.main(["report", "--data", str(tmp_path / "none"), "--out", str(out),
+                  "--checkpoints", str(checkpoints)])
+    table = (out / "table.md").read_text()
+    transformers = table[table.index("## transformer_memattn against transformer"):
+                         table.index("## lstm_memattn against lstm_att")]
+    assert "| transformer | 300 | 180 | 5.500 (300) | 10.0 |  | 3.1 |" in transformers
+    assert "| transformer_memattn | 300 | 180 | 5.600 (300) | 9.5 | -0.50 | 2.0 |" in transformers
+    lstm = table[table.index("## lstm_memattn against lstm_att"):]
+    assert "| lstm_att | 200 | 120 | 6.000 (200) |  |  |  |" in lstm and "| lstm_memattn |" not in lstm
+    assert not (out / "lstm_att" / "score.json").exists()
+    for memory_model in compare.PAIRS:
+        assert (out / f"curves_{memory_model}.png").stat().st_size > 0
