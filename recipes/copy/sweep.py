@@ -353,7 +353,7 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
     with ThreadPoolExecutor(jobs) as pool:
         running = {}
         while pending or running:
-            started = len(pending)
+            pending_before = len(pending)
             for run in list(pending):
                 if len(running) == jobs:
                     break
@@ -377,7 +377,7 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
                 else:
                     running[pool.submit(execute, run)] = run
             if not running:
-                if len(pending) == started:  # nothing could start, and nothing will end
+                if len(pending) == pending_before:  # nothing could start, and nothing will end
                     raise RuntimeError(f"runs waiting for seed-1 runs outside the sweep: {pending}")
                 continue  # the runs left were waiting for one recorded just now
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
