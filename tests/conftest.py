@@ -65,7 +65,8 @@ def attention_args(**overrides):
     args = argparse.Namespace(attention_type="memory", attention_dim=None, memory_k=4,
                               memory_encoder_score="softmax", memory_decoder_score="softmax",
                               memory_encoder_normalize="contexts", memory_position_encoding=False,
-                              memory_position_max_len=None, max_source_positions=10)
+                              memory_position_max_len=None, memory_position_window=False,
+                              max_source_positions=10)
     vars(args).update(overrides)
     return args
 

@@ -14,7 +14,9 @@ are those of Britz, Guan & Luong (EMNLP 2017). Covered:
   beta = score(W_beta h), c = sum_k beta_k C_k, with softmax or sigmoid on either
   side, an encoder softmax over the K contexts (Eq. 5) or over time, with and
   without the position encodings of Eq. 8-10 (L_ks = (1-k/K)(1-s/S) + (k/K)(s/S),
-  s counted within the sentence, each context renormalised over time), and the
+  s counted within the sentence, each context renormalised over time), with and
+  without the soft windows of --memory-position-window (the score of token t of
+  n and context k of K plus -((t + 1/2)/n - (k + 1/2)/K)^2 / (2 w_k^2)), and the
   alignment beta alpha^T (Sec. 5);
 * cheap linear attention (de Brebisson & Vincent 2016): c = C q, q = W_q h,
   C = (1/|x|) sum_t u_t u_t^T with u_t = s_t (linear) or
@@ -100,6 +102,10 @@ def memory_contexts_reference(attn, states, encoder_score, normalize, max_len):
     if max_len is not None:
         l = position_encoding_reference(len(states), K, max_len)
         raw = [[raw[t][k] * l[t][k] for k in range(K)] for t in range(len(states))]
+    if attn.window_log_width is not None:  # --memory-position-window
+        n = len(states)
+        raw = [[raw[t][k] - ((t + 0.5) / n - (k + 0.5) / K) ** 2
+                / (2 * math.exp(attn.window_log_width[k]) ** 2) for k in range(K)] for t in range(n)]
     if encoder_score == "softmax" and normalize == "time":
         per_context = [softmax([raw[t][k] for t in range(len(states))]) for k in range(K)]
         alpha = [[per_context[k][t] for k in range(K)] for t in range(len(states))]
@@ -210,9 +216,11 @@ def test_attention_matches_its_formula(kind):
 @pytest.mark.parametrize("normalize", ["contexts", "time"])
 @pytest.mark.parametrize("encoder_score", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("decoder_score", ["softmax", "sigmoid"])
-def test_memory_attention_matches_eq_4_to_10(encoder_score, decoder_score, normalize, max_len):
+@pytest.mark.parametrize("window", [False, True])
+def test_memory_attention_matches_eq_4_to_10(encoder_score, decoder_score, normalize, max_len, window):
     options = dict(encoder_score=encoder_score, decoder_score=decoder_score,
-                   encoder_normalize=normalize, position_encoding_max_len=max_len)
+                   encoder_normalize=normalize, position_encoding_max_len=max_len,
+                   position_window=window)
     attn = build_module("memory", seed=12, **options)
     check_against_reference("memory", attn, dict(encoder_score=encoder_score,
                                                  decoder_score=decoder_score,

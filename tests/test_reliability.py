@@ -147,6 +147,8 @@ def test_overrides_that_do_not_fit_name_both_values(loads):
     # Neither has parameters: told apart by the context the output layer reads (Eq. 3).
     ({"attention_type": "none"}, {"attention_type": "dot"},
      "attention_type=none but the model was built with attention_type=dot/scaled_dot"),
+    ({"memory_position_window": True}, {}, "memory_position_window=True but the model was built with "
+                                            "memory_position_window=False"),
     ({}, {"input_feeding": True}, "input_feeding=False but the model was built with input_feeding=True"),
     ({}, {"encoder_layers": 1}, "encoder_layers=2 but the model was built with encoder_layers=1"),
     ({}, {"decoder_hidden_size": 32}, "decoder_hidden_size=16 but the model was built with decoder_hidden_size=32"),

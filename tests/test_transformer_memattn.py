@@ -85,12 +85,15 @@ def test_incremental_decoding_equals_full_forward(dictionary, memory_read, per_l
     assert extra["attn"][0].shape == (3, PREV_OUTPUT.size(1), tokens.size(1))
 
 
+@pytest.mark.parametrize("window", [False, True])
 @pytest.mark.parametrize("padding", ["left", "right"])
 @READ_AND_SHARING
-def test_padding_invariance(dictionary, memory_read, per_layer, padding):
+def test_padding_invariance(dictionary, memory_read, per_layer, padding, window):
     """A sentence decodes alike alone and in a padded batch, and its alignment
-    stays on its own tokens, in the layout of src_tokens."""
-    model = with_alignments(build_transformer(dictionary, memory_read=memory_read, per_layer=per_layer))
+    stays on its own tokens, in the layout of src_tokens (with --memory-position-window
+    too: its positions are counted within each sentence)."""
+    model = with_alignments(build_transformer(dictionary, memory_read=memory_read, per_layer=per_layer,
+                                              memory_position_window=window))
     batch = left_padded_batch if padding == "left" else right_padded_batch
     tokens, lengths = batch(dictionary, SOURCES)
     with torch.no_grad():
@@ -183,7 +186,7 @@ def test_sequence_generator_with_alignment_without_make_generation_fast(dictiona
 
 def write_by_loops(writer, states, lengths):
     """Eq. 4-5 with position encodings (Eq. 9-10 and Sec. 3.2's masking and
-    renormalisation over time), with Python loops, for right-aligned sentences
+    renormalisation over time) and --memory-position-window's soft windows, with Python loops, for right-aligned sentences
     (left padding): returns C (B x K x d) and alpha (B x S x K)."""
     W = writer.W_alpha.weight  # K x d
     K, width = W.size(0), states.size(1)
@@ -198,6 +201,10 @@ def write_by_loops(writer, states, lengths):
             l = {(k, s): L[k, s] / sum(L[k, r] for r in range(1, length + 1)) for (k, s) in L}
             raw = {t: raw[t] * torch.tensor([l[k, t - (width - length) + 1] for k in range(1, K + 1)])
                    for t in steps}
+        if writer.window_log_width is not None:  # token s of |x| at (s - 1/2)/|x|, context k at (k - 1/2)/K
+            w = writer.window_log_width.exp()
+            raw = {t: raw[t] - torch.stack([((t - (width - length) + 0.5) / length - (k + 0.5) / K) ** 2
+                                            / (2 * w[k] ** 2) for k in range(K)]) for t in steps}
         if writer.encoder_score == "sigmoid":
             alpha = {t: torch.sigmoid(raw[t]) for t in steps}
         elif writer.encoder_normalize == "contexts":
@@ -211,18 +218,22 @@ def write_by_loops(writer, states, lengths):
     return torch.stack(contexts), torch.stack(alphas)
 
 
-@pytest.mark.parametrize("position_encoding", [True, False])
+@pytest.mark.parametrize("position_encoding, window", [(True, False), (False, False), (False, True),
+                                                      (True, True)])
 @pytest.mark.parametrize("encoder_score, normalize",
                          [("softmax", "contexts"), ("softmax", "time"), ("sigmoid", "contexts")])
 def test_memory_is_eq_4_5_of_the_final_encoder_states(dictionary, encoder_score, normalize,
-                                                      position_encoding):
+                                                      position_encoding, window):
     model = with_alignments(build_transformer(
         dictionary, per_layer=True, memory_encoder_score=encoder_score,
-        memory_encoder_normalize=normalize, memory_position_encoding=position_encoding))
+        memory_encoder_normalize=normalize, memory_position_encoding=position_encoding,
+        memory_position_window=window))
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
     with torch.no_grad():
         for writer in model.encoder.writers:  # random, distinct write weights per layer
             writer.W_alpha.weight.normal_()
+            if window:
+                writer.window_log_width.normal_()
         encoder_out = model.encoder(tokens, lengths)
         # fairseq's own encoder, before the write: the final states
         states = TransformerEncoderBase.forward(model.encoder, tokens, lengths)["encoder_out"][0].transpose(0, 1)

@@ -357,7 +357,8 @@ def _attention_type(parameter_names, has_context) -> str:
         args = argparse.Namespace(attention_type=kind)
         base_architecture(args)
         attention = build_attention(args, 2, 2)
-        return (sorted(attention.state_dict()) == sorted(parameter_names)
+        # window_log_width is an option of memory attention, read by shape_options.
+        return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"window_log_width"})
                 and has_context in (None, attention.context_dim > 0))
 
     return "/".join(kind for kind in ATTENTION_TYPES if fits(kind))
@@ -380,6 +381,8 @@ def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
         "attention_type": _attention_type(
             [name[len(attention):] for name in state if name.startswith(attention)], has_context),
         "memory_k": _dim(state, attention + "W_alpha.weight", 0),
+        "memory_position_window": (attention + "window_log_width" in state
+                                   if attention + "W_alpha.weight" in state else None),
         "attention_dim": _dim(state, attention + "v.weight", 1),
         "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
         "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),

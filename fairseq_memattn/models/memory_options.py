@@ -30,6 +30,9 @@ def add_memory_args(parser):
     parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
                         action="store_false", default=argparse.SUPPRESS,
                         help="turn position encodings off")
+    parser.add_argument("--memory-position-window", action="store_true", default=argparse.SUPPRESS,
+                        help="add a learned soft window over the relative source position to each "
+                             "context's write scores, context k starting around k/K of the sentence")
     parser.add_argument("--memory-position-max-len", type=int, metavar="S",
                         help="S of Eq. 10, the longest source (tokens, EOS included) the position "
                              "encodings cover; default: the longest source of the training data, "
@@ -44,6 +47,7 @@ def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contex
     args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", encoder_normalize)
     args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
     args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
+    args.memory_position_window = getattr(args, "memory_position_window", False)
 
 
 def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:

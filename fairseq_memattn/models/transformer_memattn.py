@@ -78,7 +78,8 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         num_memories = cfg.decoder.layers if cfg.memory_per_layer else 1
         self.writers = nn.ModuleList(
             MemoryWrite(cfg.encoder.embed_dim, cfg.memory_k, cfg.memory_encoder_score,
-                        cfg.memory_encoder_normalize, position_encoding_length(cfg))
+                        cfg.memory_encoder_normalize, position_encoding_length(cfg),
+                        cfg.memory_position_window)
             for _ in range(num_memories)
         )
 

@@ -286,6 +286,25 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
     return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
+def window_scores(padding_mask: Tensor, log_width: Tensor) -> Tensor:
+    """The soft position windows of ``--memory-position-window``: B x S x K.
+
+    Token s (1-based, within its own sentence, so left padding does not shift
+    it) of a sentence of |x| tokens sits at r_s = (s - 1/2) / |x|; context k at
+    c_k = (k - 1/2) / K. The score -(r_s - c_k)^2 / (2 w_k^2), with w_k =
+    exp(log_width[k]) learned, is added to the write's scores, so C_1 starts on
+    the beginning of the sentence, C_K on its end and each C_k between them on
+    its own stretch of about |x|/K tokens: the paper's hope for its position
+    encodings (Sec. 5: "C_1 roughly focuses on tokens 1 to 4, C_2 on tokens 5
+    to 8"), made the starting point instead of something to learn."""
+    lengths = (~padding_mask).sum(dim=1, keepdim=True).clamp_min(1)
+    r = ((~padding_mask).cumsum(dim=1) - 0.5) / lengths  # B x S
+    K = log_width.numel()
+    c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K
+    width = widen(log_width).exp()
+    return -0.5 * ((r.unsqueeze(-1) - c) / width) ** 2
+
+
 class MemoryWrite(nn.Module):
     """The encoder side of Sec. 3, on its own: the write of Eq. 4-5 (with the
     position encodings of Eq. 8-10), shared by the LSTM's memory attention and
@@ -300,6 +319,10 @@ class MemoryWrite(nn.Module):
     ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
     K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
     each context ("time"). It does not matter for sigmoid scores.
+
+    ``position_window`` adds :func:`window_scores` to the scores (after Eq. 9's
+    product, if both are on): a learned soft window per context over the
+    relative source position, each w_k starting at 1/K.
     """
 
     def __init__(
@@ -309,6 +332,7 @@ class MemoryWrite(nn.Module):
         encoder_score: str = "softmax",
         encoder_normalize: str = "contexts",
         position_encoding_max_len: Optional[int] = None,
+        position_window: bool = False,
     ):
         super().__init__()
         if not isinstance(num_contexts, int) or num_contexts < 1:
@@ -320,6 +344,8 @@ class MemoryWrite(nn.Module):
         self.encoder_normalize = encoder_normalize
         self.position_encoding_max_len = position_encoding_max_len
         self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
+        self.window_log_width = (nn.Parameter(torch.full((num_contexts,), -math.log(num_contexts)))
+                                 if position_window else None)
 
     def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
         """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
@@ -327,6 +353,8 @@ class MemoryWrite(nn.Module):
         if self.position_encoding_max_len is not None:
             pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
             scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
+        if self.window_log_width is not None:
+            scores = scores + window_scores(padding_mask, self.window_log_width).type_as(scores)
         dim = -1 if self.encoder_normalize == "contexts" else 1
         return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
 
@@ -361,9 +389,10 @@ class MemoryAttention(MemoryWrite, Attention):
         decoder_score: str = "softmax",
         encoder_normalize: str = "contexts",
         position_encoding_max_len: Optional[int] = None,
+        position_window: bool = False,
     ):
         super().__init__(encoder_dim, num_contexts, encoder_score, encoder_normalize,
-                         position_encoding_max_len)
+                         position_encoding_max_len, position_window)
         _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
         self.context_dim = encoder_dim
         self.decoder_score = decoder_score
@@ -462,5 +491,6 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
             decoder_score=args.memory_decoder_score,
             encoder_normalize=args.memory_encoder_normalize,
             position_encoding_max_len=position_encoding_length(args),
+            position_window=args.memory_position_window,
         )
     return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")
