@@ -12,8 +12,8 @@ offline en-fr Bible corpus (public-domain translations, split by book; ../shared
 Each model trains for the same number of updates (--max-update, the budget; one thread each, the
 pair side by side so that both see the same machine) and keeps the checkpoint with the best
 validation loss; ``report`` decodes the test split (Romans) of every finished run with beam 5, removes the BPE and
-scores with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md (a table per pair) and
-OUT/curves_MODEL.png (each memory model's validation curve beside its baseline's). Re-running
+scores with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md (a table per baseline) and
+OUT/curves_BASELINE.png (its memory models' validation curves beside its own). Re-running
 ``train`` resumes from the run's checkpoint_last.pt; ``report`` skips finished evaluations.
 """
 
@@ -47,6 +47,9 @@ MODELS = {
     "transformer": ["--arch", "transformer_iwslt_de_en", *SMALL_TRANSFORMER],
     "transformer_memattn": ["--arch", "transformer_memattn_iwslt_de_en", "--memory-k", "64",
                             *SMALL_TRANSFORMER],
+    # The same with each context's write starting as a soft window over its stretch of the source.
+    "transformer_memattn_window": ["--arch", "transformer_memattn_iwslt_de_en", "--memory-k", "64",
+                                   "--memory-position-window", *SMALL_TRANSFORMER],
     "lstm_att": ["--arch", "lstm_memattn_wmt", "--attention-type", "additive",
                  "--no-memory-position-encoding", *SMALL_LSTM],
     # Table 2's best row: K = 64 with position encodings, encoder sigmoid / decoder softmax
@@ -55,7 +58,9 @@ MODELS = {
                      "--memory-position-encoding", "--memory-encoder-score", "sigmoid",
                      "--memory-decoder-score", "softmax", *SMALL_LSTM],
 }
-PAIRS = {"transformer_memattn": "transformer", "lstm_memattn": "lstm_att"}
+# Each baseline and the memory models measured against it (a table and a curve plot each).
+COMPARISONS = {"transformer": ("transformer_memattn", "transformer_memattn_window"),
+               "lstm_att": ("lstm_memattn",)}
 
 
 def fairseq_tool(name):
@@ -104,15 +109,15 @@ def report(args):
         rows.append((model, log, score))
     write_table(args.out, rows)
     curves = {model: log["curve"] for model, log, _ in rows}
-    for memory_model, baseline in PAIRS.items():  # the pairs' losses differ (label smoothing or not)
-        pair = {m: curves[m] for m in (baseline, memory_model) if m in curves}
-        if pair:
-            plot_curves(os.path.join(args.out, f"curves_{memory_model}.png"),
-                        f"Bible en-fr: {memory_model} against {baseline}", pair)
+    for baseline, memory_models in COMPARISONS.items():  # their losses differ (label smoothing or not)
+        present = {m: curves[m] for m in (baseline, *memory_models) if m in curves}
+        if present:
+            plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
+                        f"Bible en-fr: memory attention against {baseline}", present)
 
 
 def write_table(out, rows):
-    """OUT/table.md: one table per pair (memory model and its baseline, the same number of updates)."""
+    """OUT/table.md: one table per baseline and its memory models (the same number of updates)."""
     by_model = {model: (log, score) for model, log, score in rows}
     lines = ["# Bible en-fr: memory attention against its baseline at an equal number of updates", "",
              "Test split (Romans), beam 5, sacreBLEU on detokenised text (`wmt17_run evaluate`); the "
@@ -122,15 +127,15 @@ def write_table(out, rows):
              "python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir RAW --out DATA --vocab-size 8000",
              "OMP_NUM_THREADS=1 python recipes/bible/compare.py train MODEL --data DATA --max-update N",
              "python recipes/bible/compare.py report --data DATA", "```"]
-    for memory_model, baseline in PAIRS.items():
-        pair = [m for m in (baseline, memory_model) if m in by_model]
-        if not pair:
+    for baseline, memory_models in COMPARISONS.items():
+        present = [m for m in (baseline, *memory_models) if m in by_model]
+        if not present:
             continue
-        lines += ["", f"## {memory_model} against {baseline}", "",
+        lines += ["", f"## Against {baseline}", "",
                   "| model | updates | training wall (s) | best valid loss (at update) | test BLEU (beam 5) "
                   "| vs baseline | decoding s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         base_bleu = by_model.get(baseline, (None, {}))[1].get("bleu")
-        for model in pair:
+        for model in present:
             log, score = by_model[model]
             bleu = score.get("bleu")
             delta = f"{bleu - base_bleu:+.2f}" if model != baseline and None not in (bleu, base_bleu) else ""
