@@ -1,7 +1,8 @@
-"""recipes/copy/sweep.py: selection of the scoring on validation, convergence detection, resume, tables.
+"""recipes/copy/sweep.py: selection of the scoring on validation (screens, then the chosen one
+continued), convergence detection, resume, tables.
 
 One real sweep of the `tiny` preset (K = 1, two of its scoring combinations, seconds per run) is
-interrupted during its first run, resumed, re-decoded and re-run; the rest checks the log parser
+interrupted during its first screen, resumed, re-decoded and re-run; the rest checks the log parser
 and the tables on hand-written logs and results.
 """
 
@@ -82,18 +83,35 @@ def fake_result(bleu, loss, stopped="converged", updates=1000):
                 curve=[(500, loss + 1), (updates, loss)])
 
 
+def fake_screen(loss, stopped="cap", updates=3000):
+    return dict(screen_loss=loss, stopped=stopped, updates=updates, curve=[(500, loss + 1), (updates, loss)])
+
+
+def test_read_screen_judges_every_combination_on_the_same_updates(tmp_path):
+    """A screen that has since trained on (the chosen one, or a run of an earlier sweep) is judged
+    on its validations within the budget, like the ones that stopped there."""
+    (tmp_path / "train.log").write_text(START + valid(10, 3.0) + valid(20, 2.5) + CAP + DONE
+                                        + START + valid(30, 1.0) + CAP + DONE)
+    screen = sweep.read_screen(str(tmp_path), budget=20)
+    assert screen["screen_loss"] == 2.5 and screen["curve"] == [(10, 3.0), (20, 2.5)]
+
+
 def test_selection_seeds_and_tables(tmp_path):
+    screens = {
+        (20, "K=4", ("sigmoid", "sigmoid")): fake_screen(0.30),
+        (20, "K=4", ("sigmoid", "softmax")): fake_screen(0.10),  # best validation loss at the budget
+        (20, "K=4", ("softmax", "sigmoid")): fake_screen(0.20, "converged", 2500),
+        (20, "K=4", ("softmax", "softmax")): fake_screen(2.00),
+    }
     results = {
-        (20, "K=4", ("sigmoid", "sigmoid"), 1): fake_result(90.0, 0.30),
-        (20, "K=4", ("sigmoid", "softmax"), 1): fake_result(99.0, 0.10),  # best validation loss
-        (20, "K=4", ("softmax", "sigmoid"), 1): fake_result(99.9, 0.20, "cap"),  # best BLEU: not chosen
-        (20, "K=4", ("softmax", "softmax"), 1): fake_result(50.0, 2.00),
+        (20, "K=4", ("sigmoid", "softmax"), 1): fake_result(99.0, 0.05),
+        (20, "K=4", ("softmax", "sigmoid"), 1): fake_result(99.9, 0.01),  # best final run: not chosen
         (20, "K=4", ("sigmoid", "softmax"), 2): fake_result(97.0, 0.12, "cap", 2000),
         (20, "K=4", ("sigmoid", "softmax"), 3): fake_result(98.0, 0.11),
         (20, "Att", None, 1): fake_result(100.0, 0.01),
     }
-    assert sweep.choose_scoring(results, 20, "K=4") == ("sigmoid", "softmax")
-    sweep.write_tables(str(tmp_path), results, [20], ["K=4", "Att"], "cpu", "python sweep.py")
+    assert sweep.choose_scoring(screens, 20, "K=4") == ("sigmoid", "softmax")
+    sweep.write_tables(str(tmp_path), results, screens, [20], ["K=4", "Att"], "cpu", "python sweep.py")
     table = (tmp_path / "table.md").read_text()
     k4 = next(line for line in table.splitlines() if line.startswith("| 20 | K=4 |"))
     # mean 98.00, sample sd 1.00, range 97-99, over the chosen combination's three seeds
@@ -101,22 +119,28 @@ def test_selection_seeds_and_tables(tmp_path):
     assert "converged at 1000, cap at 2000, converged at 1000" in k4
     assert "| 20 | Att |  | 1 | 100.00 |" in table and "python sweep.py" in table
     scoring = (tmp_path / "scoring.md").read_text()
-    assert "**0.100 / 99.00 (converged at 1000)**" in scoring and scoring.count("**0.") == 1
+    assert "| 0.300 | **0.100** → 0.050 / 99.00 (converged at 1000) | 0.200 (converged at 2500) | 2.000 |" \
+        in scoring and "after 3000 updates" in table
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
-    assert len(rows) == 7
+    assert len(rows) == 7  # four screens (two of them trained on), two more seeds, Att
+    assert [r["screen_valid_loss"] for r in rows if r["model"] == "K=4" and r["seed"] == "1"] == \
+        ["0.3", "0.1", "0.2", "2.0"]
     chosen = [(r["encoder_score"], r["decoder_score"], r["seed"])
               for r in rows if r["chosen"] == "1" and r["model"] == "K=4"]
     assert chosen == [("sigmoid", "softmax", "1"), ("sigmoid", "softmax", "2"), ("sigmoid", "softmax", "3")]
 
 
 def test_run_order_puts_longest_length_and_scorings_first():
+    Run = sweep.Run
     order = sweep.run_order([20, 50, 100], sweep.MODELS, [1, 2, 3], 16)
-    assert len(order) == len(set(order)) == 3 * (4 * 5 + 2) + 2 * 3 * 7
-    first = order[:10]  # one version of every row at L = 100, and Fig. 3b's four combinations
-    assert {(m) for _, m, _, _ in first} == set(sweep.MODELS) and all(L == 100 for L, *_ in first)
-    assert {s for L, m, s, _ in first if m == "K=16"} == set(sweep.SCORINGS)
-    assert all(s == "chosen" for _, m, s, seed in order if seed > 1 and sweep.is_memory(m))
-    assert order.index((100, "K=64", "chosen", 3)) < order.index((50, "K=1", ("sigmoid", "sigmoid"), 1))
+    assert len(order) == len(set(order)) == 3 * (5 * (4 + 1) + 2) + 2 * 3 * 7
+    # Fig. 3b's four screens, the chosen one trained on, then the baselines
+    assert order[:7] == [*(Run(100, "K=16", s, 1, screen=True) for s in sweep.SCORINGS),
+                         Run(100, "K=16", "chosen", 1), Run(100, "Att", None, 1), Run(100, "No Att", None, 1)]
+    assert {r.model for r in order[:27]} == set(sweep.MODELS) and all(r.length == 100 for r in order[:27])
+    assert all(r.screen == (r.seed == 1 and r.scoring != "chosen" and sweep.is_memory(r.model)) for r in order)
+    assert all(r.scoring == "chosen" for r in order if not r.screen and sweep.is_memory(r.model))
+    assert order.index(Run(100, "K=64", "chosen", 3)) < order.index(Run(50, "K=1", ("sigmoid", "sigmoid"), 1, True))
 
 
 def test_bad_arguments_are_named():
@@ -143,8 +167,16 @@ def finish(process):
     return out
 
 
+def validations(run_dir):
+    """(updates, loss) of every validation in a run's train.log, read independently of the driver."""
+    text = (run_dir / "train.log").read_text()
+    return [(int(u), float(loss)) for loss, u in re.findall(r"\| valid \|.*?\| loss ([\d.]+) .*?num_updates (\d+)", text)]
+
+
 def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
-    first = tmp_path / "runs" / sweep.run_name(6, "K=1", SELECTED[0], 1)
+    budget = sweep.PRESETS["tiny"]["screen"]
+    runs = {s: tmp_path / "runs" / sweep.run_name(6, "K=1", s, 1) for s in SELECTED}
+    first = runs[SELECTED[0]]
     process = start_sweep(tmp_path)
     while not (first / "checkpoint_last.pt").exists():  # the first validation's checkpoint
         assert process.poll() is None, process.stdout.read()[-3000:]
@@ -157,47 +189,49 @@ def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     finish(start_sweep(tmp_path))
     log = (first / "train.log").read_text()
     assert log.startswith(interrupted)  # appended, not truncated
-    assert log.count("fairseq_cli.train | {") == 2
     assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ [1-9]\d* updates\)", log[len(interrupted):])
-    updates = sorted({u for u, _ in sweep.read_train_log(str(first / "train.log"))["curve"]})
+    updates = sorted({u for u, _ in validations(first)})
     assert updates == list(range(8, updates[-1] + 1, 8))  # the whole curve, validation every 8
 
-    # Selection on validation: the chosen combination has the lowest best validation loss,
-    # read here from the logs independently of the driver's parser.
-    best = {}
-    for scoring in SELECTED:
-        text = (tmp_path / "runs" / sweep.run_name(6, "K=1", scoring, 1) / "train.log").read_text()
-        best[scoring] = min(float(x) for x in re.findall(r"\| valid \|.*?\| loss ([\d.]+)", text))
-        stopped = "converged" if "early stop since" in text else "cap"
-        last = int(re.findall(r"num_updates (\d+)", text)[-1])
-        assert f"{best[scoring]:.3f} / " in (tmp_path / "scoring.md").read_text()
-        assert f"{stopped} at {last}" in (tmp_path / "scoring.md").read_text()
-        assert stopped == "cap" or last < 64
-    chosen = min(best, key=best.get)
+    # Selection on validation at the screening budget: the chosen combination has the lowest
+    # validation loss within its first `budget` updates.
+    screened = {s: min(loss for u, loss in validations(runs[s]) if u <= budget) for s in SELECTED}
+    chosen = min(screened, key=screened.get)
+    other = next(s for s in SELECTED if s != chosen)
+    scoring_md = (tmp_path / "scoring.md").read_text()
+    assert all(f"{loss:.3f}" in scoring_md for loss in screened.values())
+    # The other screen stopped at the budget (or converged before it) and was never decoded ...
+    assert max(u for u, _ in validations(runs[other])) <= budget and not (runs[other] / "score.json").exists()
+    # ... the chosen one trained on from its checkpoint unless it had converged already, and was decoded.
+    text = (runs[chosen] / "train.log").read_text()
+    if "early stop since" not in text.split("done training")[0]:
+        assert re.search(rf"Loaded checkpoint .*\(epoch \d+ @ {budget} updates\)", text)
+        assert max(u for u, _ in validations(runs[chosen])) > budget
+    score = json.load(open(runs[chosen] / "score.json"))
     table = (tmp_path / "table.md").read_text()
-    score = json.load(open(tmp_path / "runs" / sweep.run_name(6, "K=1", chosen, 1) / "score.json"))
     assert f"| 6 | K=1 | {chosen[0]}/{chosen[1]} (of 2) | 1 | {score['bleu']:.2f} |" in table
     assert (tmp_path / "fig3a.png").stat().st_size > 0 and (tmp_path / "fig3b.png").stat().st_size > 0
 
-    # A finished run is skipped; a trained but undecoded one is only decoded again.
-    os.remove(first / "score.json")
+    # Finished runs are skipped; a trained but undecoded one is only decoded again.
+    log = (runs[chosen] / "train.log").read_text()
+    os.remove(runs[chosen] / "score.json")
     out = finish(start_sweep(tmp_path))
-    assert out.count("done already, skipped") == 1 and "decoding" in out and "training" not in out
-    assert (first / "train.log").read_text() == log and (first / "score.json").exists()
+    assert out.count("done already, skipped") == 2 and "decoding" in out and ": training" not in out
+    assert (runs[chosen] / "train.log").read_text() == log and (runs[chosen] / "score.json").exists()
 
 
 def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
     """The scheduler with stand-in runs: at most `jobs` at once, in run_order's order as far as they
-    can start, a "chosen" run only after its seed-1 combinations have all ended, failures not
-    recorded, finished runs not run again."""
+    can start, a "chosen" run (the screen continued, other seeds) only after all its screens have
+    ended, failures not recorded, finished runs not run again."""
     import threading
 
-    scorings = sweep.SCORINGS[:2]
+    Run, scorings = sweep.Run, sweep.SCORINGS[:2]
     runs = sweep.run_order([6], ["K=1", "Att"], [1, 2], 1, scorings)
-    earlier = (6, "K=1", scorings[0], 1)  # finished in an earlier sweep
-    slow = (6, "K=1", scorings[1], 1)  # the last seed-1 combination to end: the choice waits for it
-    failing = (6, "Att", None, 2)
-    chosen = (6, "K=1", scorings[1], 2)
+    earlier = Run(6, "K=1", scorings[0], 1, screen=True)  # screened in an earlier sweep
+    slow = Run(6, "K=1", scorings[1], 1, screen=True)  # the last screen to end: the choice waits for it
+    failing = Run(6, "Att", None, 2)
+    continued, chosen = Run(6, "K=1", scorings[1], 1), Run(6, "K=1", scorings[1], 2)
     lock, events, busy = threading.Lock(), [], []
 
     def execute(run):
@@ -217,15 +251,16 @@ def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
     end = {run: i for i, (kind, run, _) in enumerate(events) if kind == "end"}
     assert max(n for kind, _, n in events if kind == "start") == 2  # two at once, never three
     assert earlier not in start and earlier in recorded
-    assert start[chosen] > end[slow]
+    assert start[chosen] > end[slow] and start[continued] > end[slow]
     assert start[failing] < start[chosen]  # Att's seed 2 did not wait behind the K=1 choice
-    assert set(start) == {(6, "K=1", scorings[1], 1), (6, "Att", None, 1), failing, chosen}
+    assert set(start) == {slow, continued, Run(6, "Att", None, 1), failing, chosen}
     assert sorted(recorded) == sorted(set(start) - {failing} | {earlier})
 
 
 def test_tiny_sweep_with_two_jobs(tmp_path):
-    """The real driver with --jobs 2: two fairseq-train processes at once, every run scored, and the
-    seed-2 run uses the seed-1 combination with the lower validation loss (read from the logs).
+    """The real driver with --jobs 2: two fairseq-train processes at once, the chosen runs scored,
+    and the seed-2 run uses the combination whose screen had the lower validation loss (read from
+    the logs).
     Started as the venv's python with no venv on PATH: the driver finds fairseq's commands itself."""
     env = clean_env(OMP_NUM_THREADS="1", PATH="/usr/bin:/bin")
     out = finish(subprocess.Popen(
@@ -233,21 +268,22 @@ def test_tiny_sweep_with_two_jobs(tmp_path):
          "--scorings", *CHOICES, "--seeds", "1", "2", "--jobs", "2", "--out", str(tmp_path)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     runs = tmp_path / "runs"
-    best = {}
-    for scoring in SELECTED:
-        text = (runs / sweep.run_name(6, "K=1", scoring, 1) / "train.log").read_text()
-        best[scoring] = min(float(x) for x in re.findall(r"\| valid \|.*?\| loss ([\d.]+)", text))
-    chosen = min(best, key=best.get)
+    budget = sweep.PRESETS["tiny"]["screen"]
+    screened = {s: min(loss for u, loss in validations(runs / sweep.run_name(6, "K=1", s, 1)) if u <= budget)
+                for s in SELECTED}
+    chosen = min(screened, key=screened.get)
     expected = {sweep.run_name(6, "K=1", s, 1) for s in SELECTED} | {sweep.run_name(6, "K=1", chosen, 2)}
     assert {p.name for p in runs.iterdir()} == expected
-    assert all((runs / name / "score.json").exists() for name in expected)
+    scored = {name for name in expected if (runs / name / "score.json").exists()}
+    assert scored == {sweep.run_name(6, "K=1", chosen, seed) for seed in (1, 2)}
 
-    def span(name):  # first and last timestamp of a run's fairseq-train
-        stamps = re.findall(r"^\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d)", (runs / name / "train.log").read_text(), re.M)
+    def span(name):  # first and last timestamp of a run's first fairseq-train (a screen's, for seed 1)
+        text = (runs / name / "train.log").read_text().split("done training")[0]
+        stamps = re.findall(r"^\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d)", text, re.M)
         return stamps[0], stamps[-1]
 
     first, second = (span(sweep.run_name(6, "K=1", s, 1)) for s in SELECTED)
-    assert first[0] < second[1] and second[0] < first[1]  # the two seed-1 runs trained at the same time
+    assert first[0] < second[1] and second[0] < first[1]  # the two screens trained at the same time
     assert span(sweep.run_name(6, "K=1", chosen, 2))[0] >= max(first[1], second[1])
     for name in expected:  # every line of the driver's output says whose it is
         assert f"{name}: " in out

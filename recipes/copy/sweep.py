@@ -8,12 +8,15 @@ Every run is one call of recipes/copy/train_eval.sh (fairseq-train, fairseq-gene
 and --min-len 0, scoring). As in the paper:
   * each run trains until its validation loss stops improving (fairseq's --patience, counted in
     validations) or to the preset's cap on updates; the tables say which, and after how many updates;
-  * a memory row (K = ...) trains the four encoder/decoder scoring combinations with seed 1 and
-    reports the one with the best validation loss ("the best out of the four scoring function
-    combinations on the validation set", Table 2); its other seeds use the chosen combination;
+  * a memory row (K = ...) selects its encoder/decoder scoring combination on validation, "the best
+    out of the four scoring function combinations on the validation set" (Table 2), by successive
+    halving: seed 1 of each combination trains to the preset's screening budget (--max-update
+    SCREEN), the one with the lowest validation loss by then is chosen, and only that run trains on
+    to convergence (it continues from its checkpoint); its other seeds use the chosen combination;
   * headline rows have several seeds (--seeds): mean, standard deviation and range.
 Resumable: a run with a score.json is skipped, a run whose training finished is only decoded again,
-and an interrupted run resumes from its checkpoint_last.pt, its train.log appended. Runs are ordered
+a screen whose training stopped is not run again, and an interrupted run resumes from its
+checkpoint_last.pt, its train.log appended. Runs are ordered
 so the most informative land first (see ``run_order``); the tables are rewritten after every run.
 Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/scoring.md (all four
 combinations per memory row: Fig. 3b / Fig. 5), OUT/fig3a.png (validation loss at the longest L)
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
@@ -69,7 +73,7 @@ PRESETS = {
     # Sec. 4.1: 2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, dropout 0.2 (the
     # architecture defaults), Adam 1e-4, batch 128, up to 200k steps, 100k/1k examples.
     "paper": dict(
-        lengths=[20, 50, 100, 200], seeds=3, fig3b_k=32, copy=[],
+        lengths=[20, 50, 100, 200], seeds=3, fig3b_k=32, copy=[], screen=20000,
         sizes="the paper's (Sec. 4.1)",
         train=["--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "200000",
                "--validate-interval-updates", "2000", "--save-interval-updates", "2000",
@@ -78,15 +82,16 @@ PRESETS = {
     # CPU: half-size model (2x128 units, 64-d embeddings), no dropout, Adam 1e-3 (10x the paper's:
     # at 3e-3 validation loss jumped up to 6x between validations and Att diverged at L = 50),
     # batch 64. Validation every 500 updates; a run stops after 5 validations (2,500 updates)
-    # without a new best, or at 12,000 updates.
+    # without a new best, or at 12,000 updates. The scoring combinations are compared at 3,000
+    # updates (6 validations): at L = 20, K = 16 the four were 0.017-0.18 apart by then.
     "cpu": dict(
-        lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[],
+        lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[], screen=3000,
         sizes="the CPU preset's: 2x128 units, 64-d embeddings, no dropout (the paper: 2x256, 256-d, 0.2)",
         train=cpu_training(units=128, embed=64, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
     ),
     # Seconds per run, for the tests: 8 units, L = 6, 512 training examples.
     "tiny": dict(
-        lengths=[6], seeds=2, fig3b_k=1,
+        lengths=[6], seeds=2, fig3b_k=1, screen=24,
         copy=["--copy-train-size", "512", "--copy-valid-size", "64", "--copy-test-size", "32"],
         sizes="tiny (tests only): 2x8 units, 8-d embeddings",
         train=cpu_training(units=8, embed=8, lr="1e-2", batch=16, cap=64, patience=2, every=8),
@@ -111,7 +116,19 @@ def model_args(model, scoring=None):
             "--memory-encoder-score", scoring[0], "--memory-decoder-score", scoring[1]]
 
 
+class Run(NamedTuple):
+    """One fairseq-train run of the sweep. scoring: None (no memory), (encoder, decoder), or
+    "chosen" until the screens of its (L, model) have ended. A screen is seed 1 of one combination
+    trained to the screening budget only; the chosen combination's seed-1 run continues it."""
+    length: int
+    model: str
+    scoring: object
+    seed: int
+    screen: bool = False
+
+
 def run_name(length, model, scoring, seed):
+    """A run's directory; a screen and its continuation share it."""
     name = f"L{length}_{model.replace(' ', '').replace('=', '')}"
     if scoring:
         name += f"_{scoring[0]}-{scoring[1]}"
@@ -119,30 +136,27 @@ def run_name(length, model, scoring, seed):
 
 
 def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
-    """Runs (L, model, scoring or None, seed) in the order they are trained; a scoring of
-    "chosen" is filled in by selection once seed 1's four combinations have finished.
+    """Runs in the order they are trained.
 
-    1. Longest L, seed 1: K = fig3b_k, Att, No Att, the other three combinations of K = fig3b_k
-       (Fig. 3b), then every other K with the first combination: a first version of every row;
-       then the remaining combinations of the other K (selection complete).
+    1. Longest L, seed 1: K = fig3b_k's screens (Fig. 3b) and its chosen run, Att, No Att, then
+       every other K's screens and chosen run: a first version of every row.
     2. Shortest L, seed 1, in the same order (the cheapest runs: does any row collapse?).
-    3. Longest L, seeds 2..: the headline rows' spread (memory rows: the chosen combination).
+    3. Longest L, seeds 2..: the headline rows' spread.
     4. The other lengths (ascending), seed 1; then seeds 2.. of every length but the longest.
     """
+    def memory_row(length, model):
+        return [Run(length, model, s, 1, screen=True) for s in scorings] + [Run(length, model, "chosen", 1)]
+
     def seed1(length):
         memory = [m for m in models if is_memory(m)]
         lead = [m for m in memory if m == f"K={fig3b_k}"]
-        rest = [m for m in memory if m not in lead]
-        first, others = scorings[0], scorings[1:]
-        runs = [(length, m, first, 1) for m in lead]
-        runs += [(length, m, None, 1) for m in ("Att", "No Att") if m in models]
-        runs += [(length, m, s, 1) for m in lead for s in others]
-        runs += [(length, m, first, 1) for m in rest]
-        runs += [(length, m, s, 1) for m in rest for s in others]
+        runs = [run for m in lead for run in memory_row(length, m)]
+        runs += [Run(length, m, None, 1) for m in ("Att", "No Att") if m in models]
+        runs += [run for m in memory if m not in lead for run in memory_row(length, m)]
         return runs
 
     def more_seeds(length):
-        return [(length, m, "chosen" if is_memory(m) else None, seed) for seed in seeds[1:] for m in models]
+        return [Run(length, m, "chosen" if is_memory(m) else None, seed) for seed in seeds[1:] for m in models]
 
     longest, shorter = max(lengths), sorted(set(lengths) - {max(lengths)})
     order = seed1(longest) + (seed1(shorter[0]) if shorter else []) + more_seeds(longest)
@@ -163,17 +177,31 @@ def read_run(run_dir):
     return result
 
 
-def train_and_score(run_dir, copy_args, train_args, seed):
+def read_screen(run_dir, budget):
+    """A screen's training log, with its best validation loss within the screening budget (a run
+    that has since trained on is judged on the same updates as the others)."""
+    result = read_train_log(os.path.join(run_dir, "train.log"))
+    within = [loss for updates, loss in result["curve"] if updates <= budget]
+    result["screen_loss"] = min(within) if within else math.nan
+    result["curve"] = [(u, loss) for u, loss in result["curve"] if u <= budget]
+    return result
+
+
+def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     """One run through train_eval.sh (copy_args: the task's options, a string; train_args:
-    fairseq-train's); False if it failed (a sweep goes on, a restart retries it)."""
+    fairseq-train's, training up to `cap` updates); decode=False trains only (a screen). False if
+    it failed (a sweep goes on, a restart retries it)."""
     log = os.path.join(run_dir, "train.log")
-    trained = os.path.exists(log) and read_train_log(log)["stopped"] is not None
+    info = read_train_log(log) if os.path.exists(log) else {"stopped": None}
+    # A screen stopped at its budget has not finished training: its continuation resumes it.
+    trained = info["stopped"] == "converged" or (info["stopped"] == "cap" and info["updates"] >= cap)
     print(f"== {os.path.basename(run_dir)}: {'decoding' if trained else 'training'}", flush=True)
     # train_eval.sh calls fairseq-train, fairseq-generate and python: this interpreter's, so that a
     # driver started as .venv/bin/python needs no activated venv.
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    env = {**os.environ, "PATH": path, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else ""}
-    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args,
+    env = {**os.environ, "PATH": path, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else "",
+           "SKIP_GENERATE": "" if decode else "1"}
+    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args, "--max-update", str(cap),
                "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
     # Each line says whose it is: with --jobs, several runs print at once.
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -186,10 +214,11 @@ def train_and_score(run_dir, copy_args, train_args, seed):
     return True
 
 
-def choose_scoring(results, length, model):
-    """The combination with the lowest best validation loss among seed 1's finished ones."""
-    done = {s: results[(length, model, s, 1)] for s in SCORINGS if (length, model, s, 1) in results}
-    return min(done, key=lambda s: done[s]["best_valid_loss"]) if done else None
+def choose_scoring(screens, length, model):
+    """The combination whose screen has the lowest validation loss within the budget, among the
+    screens of (length, model) that have ended."""
+    done = {s: r for (L, m, s), r in screens.items() if (L, m) == (length, model)}
+    return min(done, key=lambda s: done[s]["screen_loss"]) if done else None
 
 
 def spread(values):
@@ -201,18 +230,18 @@ def spread(values):
     return f"{mean:.2f} ± {statistics.stdev(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def headline_rows(results, lengths, models):
+def headline_rows(results, screens, lengths, models):
     rows = []
     for length in sorted(lengths):
         for model in models:
-            scoring = choose_scoring(results, length, model) if is_memory(model) else None
+            scoring = choose_scoring(screens, length, model) if is_memory(model) else None
             if is_memory(model) and scoring is None:
                 continue
             runs = [r for (L, m, s, _), r in sorted(results.items(), key=lambda kv: kv[0][3])
                     if L == length and m == model and s == scoring]
             if not runs:
                 continue
-            n_scorings = sum((length, model, s, 1) in results for s in SCORINGS)
+            n_scorings = sum((L, m) == (length, model) for L, m, _ in screens)
             rows.append(dict(
                 L=length, model=model, runs=runs,
                 scoring=f"{scoring[0]}/{scoring[1]} (of {n_scorings})" if scoring else "",
@@ -225,22 +254,26 @@ def headline_rows(results, lengths, models):
     return rows
 
 
-def write_tables(out, results, lengths, models, preset, command):
-    chosen = {(L, m): choose_scoring(results, L, m) for L in lengths for m in models if is_memory(m)}
-    fields = ["L", "model", "encoder_score", "decoder_score", "seed", "chosen", "bleu", "accuracy",
-              "stopped", "updates", "best_update", "best_valid_loss", "train_seconds", "decode_seconds",
-              "paper_bleu"]
+def write_tables(out, results, screens, lengths, models, preset, command):
+    chosen = {(L, m): choose_scoring(screens, L, m) for L in lengths for m in models if is_memory(m)}
+    fields = ["L", "model", "encoder_score", "decoder_score", "seed", "screen_valid_loss", "chosen", "bleu",
+              "accuracy", "stopped", "updates", "best_update", "best_valid_loss", "train_seconds",
+              "decode_seconds", "paper_bleu"]
+    rows = {key: {"screen_valid_loss": r["screen_loss"]} for key, r in
+            ((key + (1,), r) for key, r in screens.items())}
+    for key, r in results.items():
+        rows.setdefault(key, {}).update(
+            bleu=r["bleu"], accuracy=r["accuracy"], stopped=r["stopped"], updates=r["updates"],
+            best_update=r["best_update"], best_valid_loss=r["best_valid_loss"],
+            train_seconds=round(r["train_seconds"]), decode_seconds=r["decode_seconds"])
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        for (L, m, s, seed), r in sorted(results.items(), key=lambda kv: (kv[0][0], MODELS.index(kv[0][1]),
-                                                                          str(kv[0][2]), kv[0][3])):
+        for (L, m, s, seed), row in sorted(rows.items(), key=lambda kv: (kv[0][0], MODELS.index(kv[0][1]),
+                                                                         str(kv[0][2]), kv[0][3])):
             writer.writerow(dict(L=L, model=m, encoder_score=s[0] if s else "", decoder_score=s[1] if s else "",
                                  seed=seed, chosen=int(s is None or chosen.get((L, m)) == s),
-                                 bleu=r["bleu"], accuracy=r["accuracy"], stopped=r["stopped"],
-                                 updates=r["updates"], best_update=r["best_update"],
-                                 best_valid_loss=r["best_valid_loss"], train_seconds=round(r["train_seconds"]),
-                                 decode_seconds=r["decode_seconds"], paper_bleu=paper_bleu(L, m)))
+                                 paper_bleu=paper_bleu(L, m), **row))
 
     settings = PRESETS[preset]
     header = (f"Made by `{command}`.\n\nModel sizes: {settings['sizes']}. Training: "
@@ -249,48 +282,59 @@ def write_tables(out, results, lengths, models, preset, command):
               f"(no better validation loss for that many validations), 'cap' = stopped by `--max-update`.\n\n")
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("# Table 1 (copy task): test BLEU\n\n" + header)
-        f.write("Memory rows: the scoring combination (encoder/decoder) with the best validation loss of "
-                "seed 1 among the ones finished (of n); see scoring.md for all four. BLEU and accuracy: "
-                "mean ± standard deviation (min-max) over seeds.\n\n")
+        f.write(f"Memory rows: the scoring combination (encoder/decoder) with the best validation loss after "
+                f"{settings['screen']} updates of seed 1, among the ones screened (of n); see scoring.md for "
+                "all four. BLEU and accuracy: mean ± standard deviation (min-max) over seeds.\n\n")
         f.write("| L | model | scoring | seeds | BLEU | accuracy % | stopped at updates | best valid loss "
                 "| decode s | paper BLEU |\n|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in headline_rows(results, lengths, models):
+        for r in headline_rows(results, screens, lengths, models):
             f.write(f"| {r['L']} | {r['model']} | {r['scoring']} | {len(r['runs'])} | {r['bleu']} | "
                     f"{r['accuracy']} | {r['stopped']} | {r['valid_loss']} | {r['decode']} | {r['paper']} |\n")
 
     with open(os.path.join(out, "scoring.md"), "w") as f:
         f.write("# Scoring functions (Fig. 3b, Fig. 5): seed 1, every encoder/decoder combination\n\n" + header)
-        f.write("Each cell: best validation loss / test BLEU (stopped at updates); **bold** = chosen.\n\n")
+        f.write(f"Each cell: the best validation loss within the first {settings['screen']} updates (the "
+                "screen; 'converged' if it stopped earlier by --patience); **bold** = chosen, trained on: "
+                "→ its best validation loss / test BLEU (stopped at updates).\n\n")
         f.write("| L | model | " + " | ".join(f"{e}/{d}" for e, d in SCORINGS) + " |\n")
         f.write("|---|---|" + "---|" * len(SCORINGS) + "\n")
         for L in sorted(lengths):
             for m in models:
-                if not is_memory(m) or not any((L, m, s, 1) in results for s in SCORINGS):
+                if not is_memory(m) or not any((L, m, s) in screens for s in SCORINGS):
                     continue
                 cells = []
                 for s in SCORINGS:
-                    r = results.get((L, m, s, 1))
-                    cell = (f"{r['best_valid_loss']:.3f} / {r['bleu']:.2f} ({r['stopped']} at {r['updates']})"
-                            if r else "")
-                    cells.append(f"**{cell}**" if r and chosen[(L, m)] == s else cell)
+                    screen, final = screens.get((L, m, s)), results.get((L, m, s, 1))
+                    cell = ""
+                    if screen:
+                        cell = f"{screen['screen_loss']:.3f}"
+                        if screen["updates"] < settings["screen"] and screen["stopped"] == "converged":
+                            cell += f" (converged at {screen['updates']})"
+                    if screen and chosen[(L, m)] == s:
+                        cell = f"**{cell}**"
+                        if final:
+                            cell += (f" → {final['best_valid_loss']:.3f} / {final['bleu']:.2f} "
+                                     f"({final['stopped']} at {final['updates']})")
+                    cells.append(cell)
                 f.write(f"| {L} | {m} | " + " | ".join(cells) + " |\n")
 
 
-def write_figures(out, results, lengths, models, fig3b_k):
+def write_figures(out, results, screens, lengths, models, fig3b_k, budget):
     longest = max(lengths)
     fig3a = {}
     for m in models:
-        scoring = choose_scoring(results, longest, m) if is_memory(m) else None
+        scoring = choose_scoring(screens, longest, m) if is_memory(m) else None
         r = results.get((longest, m, scoring, 1))
         if r:
             fig3a[f"{m}" + (f" ({scoring[0]}/{scoring[1]})" if scoring else "")] = r["curve"]
-    fig3b = {f"encoder {s[0]}, decoder {s[1]} (BLEU {r['bleu']:.1f})": r["curve"]
-             for s in SCORINGS for r in [results.get((longest, f"K={fig3b_k}", s, 1))] if r}
+    fig3b = {f"encoder {s[0]}, decoder {s[1]} ({r['screen_loss']:.3f})": r["curve"]
+             for s in SCORINGS for r in [screens.get((longest, f"K={fig3b_k}", s))] if r}
     if fig3a:
         plot_curves(os.path.join(out, "fig3a.png"), f"Fig. 3a: copy task, L = {longest}, seed 1", fig3a)
     if fig3b:
         plot_curves(os.path.join(out, "fig3b.png"),
-                    f"Fig. 3b: scoring functions, L = {longest}, K = {fig3b_k}, seed 1", fig3b)
+                    f"Fig. 3b: scoring functions, L = {longest}, K = {fig3b_k}, seed 1, first {budget} updates",
+                    fig3b)
 
 
 def main(argv=None):
@@ -321,34 +365,45 @@ def main(argv=None):
     scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
     os.makedirs(args.out, exist_ok=True)
     command = shlex.join(["python", "recipes/copy/sweep.py", *(sys.argv[1:] if argv is None else argv)])
+    train_args = preset["train"]
+    cap = int(train_args[train_args.index("--max-update") + 1])
 
-    results = {}
+    results, screens = {}, {}
 
     def run_dir(run):
-        return os.path.join(args.out, "runs", run_name(*run))
+        return os.path.join(args.out, "runs", run_name(*run[:4]))
 
     def execute(run):
-        length, model, scoring, seed = run
-        return train_and_score(run_dir(run), " ".join([f"--copy-max-len {length}", *preset["copy"]]),
-                               [*model_args(model, scoring), *preset["train"]], seed)
+        return train_and_score(run_dir(run), " ".join([f"--copy-max-len {run.length}", *preset["copy"]]),
+                               [*model_args(run.model, run.scoring), *train_args], run.seed,
+                               cap=preset["screen"] if run.screen else cap, decode=not run.screen)
+
+    def done(run):
+        if not run.screen:
+            return os.path.exists(os.path.join(run_dir(run), "score.json"))
+        log = os.path.join(run_dir(run), "train.log")
+        return os.path.exists(log) and read_train_log(log)["stopped"] is not None
 
     def record(run):
-        results[run] = read_run(run_dir(run))
-        write_tables(args.out, results, lengths, models, args.preset, command)  # progress stays visible
-        write_figures(args.out, results, lengths, models, preset["fig3b_k"])
+        if run.screen:
+            screens[run[:3]] = read_screen(run_dir(run), preset["screen"])
+        else:
+            results[run[:4]] = read_run(run_dir(run))
+        write_tables(args.out, results, screens, lengths, models, args.preset, command)  # progress stays visible
+        write_figures(args.out, results, screens, lengths, models, preset["fig3b_k"], preset["screen"])
 
     runs = run_order(lengths, models, seeds, preset["fig3b_k"], scorings)
-    run_all(runs, args.jobs, execute, record, scorings,
-            done=lambda run: os.path.exists(os.path.join(run_dir(run), "score.json")),
-            choose=lambda length, model: choose_scoring(results, length, model))
+    run_all(runs, args.jobs, execute, record, scorings, done=done,
+            choose=lambda length, model: choose_scoring(screens, length, model))
     print(open(os.path.join(args.out, "table.md")).read())
 
 
 def run_all(runs, jobs, execute, record, scorings, done, choose):
     """Runs `runs` (run_order's) with up to `jobs` at once, each started in that order as soon as
-    it can be: a "chosen" run waits until seed 1 of its (L, model) has ended in every combination
-    of `scorings`, then takes choose(L, model). execute(run) trains and scores (False: failed);
-    record(run) reads a finished run. A run done already is recorded without running again."""
+    it can be: a "chosen" run waits until the screens of its (L, model) have ended in every
+    combination of `scorings`, then takes choose(L, model). execute(run) trains (and scores)
+    (False: failed); record(run) reads a finished run. A run done already is recorded without
+    running again."""
     pending, ended = list(runs), set()
     with ThreadPoolExecutor(jobs) as pool:
         running = {}
@@ -357,28 +412,28 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
             for run in list(pending):
                 if len(running) == jobs:
                     break
-                length, model, scoring, seed = run
-                if scoring == "chosen":
-                    if any((length, model, s, 1) not in ended for s in scorings):
-                        continue  # not ready: its seed-1 runs are still training
+                if run.scoring == "chosen":
+                    if any(Run(run.length, run.model, s, 1, screen=True) not in ended for s in scorings):
+                        continue  # not ready: its screens are still training
                     pending.remove(run)
-                    scoring = choose(length, model)
+                    scoring = choose(run.length, run.model)
                     if scoring is None:
-                        print(f"== L{length} {model} seed {seed}: no seed-1 run to choose a scoring from, "
-                              "skipped", flush=True)
+                        print(f"== L{run.length} {run.model} seed {run.seed}: no screen to choose a scoring "
+                              "from, skipped", flush=True)
                         continue
-                    run = (length, model, scoring, seed)
+                    run = run._replace(scoring=scoring)
                 else:
                     pending.remove(run)
                 if done(run):
-                    print(f"== {run_name(*run)}: done already, skipped", flush=True)
+                    print(f"== {run_name(*run[:4])}{' (screen)' if run.screen else ''}: done already, skipped",
+                          flush=True)
                     ended.add(run)
                     record(run)
                 else:
                     running[pool.submit(execute, run)] = run
             if not running:
                 if len(pending) == pending_before:  # nothing could start, and nothing will end
-                    raise RuntimeError(f"runs waiting for seed-1 runs outside the sweep: {pending}")
+                    raise RuntimeError(f"runs waiting for screens outside the sweep: {pending}")
                 continue  # the runs left were waiting for one recorded just now
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:

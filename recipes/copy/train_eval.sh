@@ -5,7 +5,8 @@
 # Writes OUT_DIR/{train.log,generate.test.txt,score.json}; prints BLEU and exact-match accuracy.
 # Resumable: fairseq-train continues from OUT_DIR/checkpoint_last.pt if there is one, and train.log is
 # appended to, not truncated, so a resumed run's log holds its whole curve. SKIP_TRAIN=1 only decodes
-# and scores OUT_DIR/checkpoint_best.pt (for a run whose training finished).
+# and scores OUT_DIR/checkpoint_best.pt (for a run whose training finished); SKIP_GENERATE=1 only
+# trains (a sweep's screen, continued later or never decoded).
 set -euo pipefail
 OUT=$1; shift
 PLUGIN=$(cd "$(dirname "$0")/../.." && pwd)/fairseq_memattn
@@ -16,6 +17,7 @@ if [ -z "${SKIP_TRAIN:-}" ]; then
   fairseq-train "${TASK[@]}" --save-dir "$OUT" --no-epoch-checkpoints "$@" 2>&1 | tee -a "$OUT/train.log" \
     | grep --line-buffered -E "\| (valid|train|train_inner) \||done training|early stop|Stopping training"
 fi
+[ -z "${SKIP_GENERATE:-}" ] || exit 0
 # --required-batch-size-multiple 1: fairseq main drops a last batch smaller than the multiple.
 # --min-len 0: about 1 in L+1 copy examples is empty, and fairseq's default (--min-len 1) forbids
 # the empty hypothesis, which would cap exact-match accuracy at L/(L+1) and dent BLEU.
