@@ -35,10 +35,11 @@ MODELS = {
 }
 
 
-def training(updates):
+def training():
+    """fairseq-train's options but the budget (train_and_score passes --max-update)."""
     return [*SIZES, "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "1000", "--clip-norm", "1",
-            "--batch-size", "64", "--max-update", str(updates), "--validate-interval-updates", "250",
+            "--batch-size", "64", "--validate-interval-updates", "250",
             "--save-interval-updates", "250", "--validate-interval", "1000", "--save-interval", "1000",
             "--keep-interval-updates", "1", "--max-source-positions", "256",
             "--max-target-positions", "256", "--cpu"]
@@ -91,7 +92,7 @@ def main(argv=None):
             if not os.path.exists(os.path.join(run_dir, "score.json")):
                 extra = shlex.split(args.memory_args) if model != "transformer" else []
                 train_and_score(run_dir, f"--copy-max-len {length}",
-                                [*MODELS[model], *extra, *training(args.updates)], args.seed)
+                                [*MODELS[model], *extra, *training()], args.seed, cap=args.updates)
             if os.path.exists(os.path.join(run_dir, "score.json")):
                 results[(length, model)] = read_run(run_dir)
             write_table(args.out, results, args.lengths, args.models, command)
