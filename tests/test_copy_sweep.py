@@ -288,3 +288,30 @@ def test_tiny_sweep_with_two_jobs(tmp_path):
     for name in expected:  # every line of the driver's output says whose it is
         assert f"{name}: " in out
     assert f"| 6 | K=1 | {chosen[0]}/{chosen[1]} (of 2) | 2 |" in (tmp_path / "table.md").read_text()
+
+
+
+def test_transformer_quality_driver_calls_the_sweeps_runner(tmp_path, monkeypatch):
+    """recipes/copy/transformer_quality.py trains through sweep.train_and_score (a real decode of an
+    untrained Transformer takes minutes: it runs to the length limit): the call fits that
+    function's signature, the budget is the cap, and --memory-args reach the memory models only."""
+    import inspect
+
+    sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
+    import transformer_quality
+
+    calls = {}
+
+    def fake(*args, **kwargs):
+        bound = inspect.signature(sweep.train_and_score).bind(*args, **kwargs)
+        calls[os.path.basename(bound.arguments["run_dir"])] = bound.arguments
+        return False  # as a failed run: nothing to score
+
+    monkeypatch.setattr(transformer_quality, "train_and_score", fake)
+    transformer_quality.main(["--out", str(tmp_path), "--lengths", "4", "--models", "transformer", "K=32 mix",
+                              "--updates", "6", "--memory-args=--memory-position-window"])
+    assert set(calls) == {"L4_transformer", "L4_K32_mix"}
+    for name, call in calls.items():
+        assert call["cap"] == 6 and call["copy_args"] == "--copy-max-len 4" and "--max-update" not in call["train_args"]
+        assert ("--memory-position-window" in call["train_args"]) == (name == "L4_K32_mix")
+    assert "| transformer |  |" in (tmp_path / "table.md").read_text()
