@@ -469,6 +469,19 @@ def test_architectures_have_fairseqs_sizes():
     assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.decoder_attention_heads) == (512, 1024, 4)
 
 
+@pytest.mark.parametrize("flags, window", [
+    ([], True), (["--memory-read", "mix"], False), (["--no-memory-position-window"], False),
+    (["--memory-read", "mix", "--memory-position-window"], True)])
+def test_position_window_is_on_by_default_for_the_attention_read_only(flags, window):
+    """The attention read addresses the rows by content and learned faster with the window; the mix
+    read addresses them by position and learned slower (README "Transformer", quality)."""
+    from fairseq import options
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data-bin", "--user-dir", PLUGIN_DIR, "--arch", "transformer_memattn", *flags])
+    assert args.memory_position_window is window
+
+
 def test_position_max_len_without_position_encodings_is_reported(dictionary, caplog):
     """An S of Eq. 10 with the encodings off (the default) is ignored, and the log says so."""
     build_transformer(dictionary, memory_position_encoding=False, memory_position_max_len=9)

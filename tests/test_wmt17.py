@@ -292,7 +292,8 @@ def test_transformer_configuration_trains_and_evaluates_offline(own_pair_transfo
     cfg = state["cfg"]["model"]
     assert (cfg.arch, cfg.memory_k, cfg.memory_read, cfg.share_all_embeddings) == (
         "transformer_memattn", 8, "attention", True)
-    assert (cfg.memory_encoder_normalize, cfg.memory_position_encoding) == ("time", False)
+    assert (cfg.memory_encoder_normalize, cfg.memory_position_encoding, cfg.memory_position_window) == (
+        "time", False, True)
     result = json.loads(own_pair_transformer["evaluated"].stdout.strip().splitlines()[-1])
     print("offline WMT'17 pipeline, transformer_k64 (toy en-fr):", result)
     assert result["sentences"] == SIZES["test"] and result["missing"] == 0

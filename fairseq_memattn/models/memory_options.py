@@ -32,14 +32,17 @@ def add_memory_args(parser):
                         help="turn position encodings off")
     parser.add_argument("--memory-position-window", action="store_true", default=argparse.SUPPRESS,
                         help="add a learned soft window over the relative source position to each "
-                             "context's write scores, context k starting around k/K of the sentence")
+                             "context's write scores, context k starting around k/K of the sentence "
+                             "(default: on for transformer_memattn's attention read, else off)")
+    parser.add_argument("--no-memory-position-window", dest="memory_position_window",
+                        action="store_false", default=argparse.SUPPRESS, help="turn the window off")
     parser.add_argument("--memory-position-max-len", type=int, metavar="S",
                         help="S of Eq. 10, the longest source (tokens, EOS included) the position "
                              "encodings cover; default: the longest source of the training data, "
                              "read when the model is built for training and kept in the checkpoint")
 
 
-def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contexts"):
+def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contexts", position_window=False):
     """Defaults of the options add_memory_args adds, for an architecture."""
     args.memory_k = getattr(args, "memory_k", memory_k)
     args.memory_encoder_score = getattr(args, "memory_encoder_score", "softmax")
@@ -47,7 +50,7 @@ def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contex
     args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", encoder_normalize)
     args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
     args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
-    args.memory_position_window = getattr(args, "memory_position_window", False)
+    args.memory_position_window = getattr(args, "memory_position_window", position_window)
 
 
 def source_target_sizes(task, split: str) -> Tuple[np.ndarray, np.ndarray]:
