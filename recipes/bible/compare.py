@@ -58,10 +58,15 @@ MODELS = {
     "lstm_memattn": ["--arch", "lstm_memattn_wmt", "--attention-type", "memory", "--memory-k", "64",
                      "--memory-position-encoding", "--memory-encoder-score", "sigmoid",
                      "--memory-decoder-score", "softmax", *SMALL_LSTM],
+    # The same with the Transformer's position window added (each C_k starts on its own stretch).
+    "lstm_memattn_window": ["--arch", "lstm_memattn_wmt", "--attention-type", "memory", "--memory-k", "64",
+                            "--memory-position-encoding", "--memory-position-window",
+                            "--memory-encoder-score", "sigmoid", "--memory-decoder-score", "softmax",
+                            *SMALL_LSTM],
 }
 # Each baseline and the memory models measured against it (a table and a curve plot each).
 COMPARISONS = {"transformer": ("transformer_memattn", "transformer_memattn_window"),
-               "lstm_att": ("lstm_memattn",)}
+               "lstm_att": ("lstm_memattn", "lstm_memattn_window")}
 
 
 def fairseq_tool(name):
