@@ -96,6 +96,25 @@ def test_read_screen_judges_every_combination_on_the_same_updates(tmp_path):
     assert screen["screen_loss"] == 2.5 and screen["curve"] == [(10, 3.0), (20, 2.5)]
 
 
+def test_a_screen_has_ended_once_it_validated_at_the_budget(tmp_path):
+    """A screen ends when its training stops, or once it has validated at the budget: a sweep
+    interrupted while the chosen combination's continuation trains on (the log appended, not
+    finished) must not run the screen again."""
+    log = tmp_path / "train.log"
+    assert not sweep.screen_ended(str(tmp_path), 40)
+    log.write_text(START + valid(20, 1.5))  # screening, interrupted
+    assert not sweep.screen_ended(str(tmp_path), 40)
+    screened = START + valid(20, 1.5) + valid(40, 1.2) + CAP + DONE
+    log.write_text(screened)
+    assert sweep.screen_ended(str(tmp_path), 40)
+    log.write_text(screened + start(60))  # the continuation started, not validated yet
+    assert sweep.screen_ended(str(tmp_path), 40)
+    log.write_text(screened + start(60) + valid(60, 0.9))  # the continuation trains on
+    assert sweep.screen_ended(str(tmp_path), 40)
+    log.write_text(START + valid(20, 1.5) + EARLY_STOP + DONE)  # converged before the budget
+    assert sweep.screen_ended(str(tmp_path), 40)
+
+
 def test_selection_seeds_and_tables(tmp_path):
     screens = {
         (20, "K=4", ("sigmoid", "sigmoid")): fake_screen(0.30),

@@ -187,6 +187,18 @@ def read_screen(run_dir, budget):
     return result
 
 
+def screen_ended(run_dir, budget):
+    """Whether a screen has ended: its training stopped (at the budget, or earlier by --patience),
+    or it has validated at the budget, which is the case while its continuation trains on (a sweep
+    interrupted then must not run the screen again: fairseq would resume at the continuation's
+    checkpoint, do one more update and stop)."""
+    log = os.path.join(run_dir, "train.log")
+    if not os.path.exists(log):
+        return False
+    info = read_train_log(log)
+    return info["stopped"] is not None or info["updates"] >= budget
+
+
 def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     """One run through train_eval.sh (copy_args: the task's options, a string; train_args:
     fairseq-train's, training up to `cap` updates); decode=False trains only (a screen). False if
@@ -381,8 +393,7 @@ def main(argv=None):
     def done(run):
         if not run.screen:
             return os.path.exists(os.path.join(run_dir(run), "score.json"))
-        log = os.path.join(run_dir(run), "train.log")
-        return os.path.exists(log) and read_train_log(log)["stopped"] is not None
+        return screen_ended(run_dir(run), preset["screen"])
 
     def record(run):
         if run.screen:
