@@ -152,11 +152,13 @@ def test_selection_seeds_and_tables(tmp_path):
 def test_run_order_puts_longest_length_and_scorings_first():
     Run = sweep.Run
     order = sweep.run_order([20, 50, 100], sweep.MODELS, [1, 2, 3], 16)
-    assert len(order) == len(set(order)) == 3 * (5 * (4 + 1) + 2) + 2 * 3 * 7
-    # Fig. 3b's four screens, the chosen one trained on, then the baselines
+    assert len(order) == len(set(order)) == 3 * (5 * (4 + 1) + 3) + 2 * 3 * 8
+    # Fig. 3b's four screens, the chosen one trained on, then the baselines; Att, the slowest, last
     assert order[:7] == [*(Run(100, "K=16", s, 1, screen=True) for s in sweep.SCORINGS),
-                         Run(100, "K=16", "chosen", 1), Run(100, "Att", None, 1), Run(100, "No Att", None, 1)]
-    assert {r.model for r in order[:27]} == set(sweep.MODELS) and all(r.length == 100 for r in order[:27])
+                         Run(100, "K=16", "chosen", 1), Run(100, "fairseq lstm", None, 1),
+                         Run(100, "No Att", None, 1)]
+    assert order[27] == Run(100, "Att", None, 1)
+    assert {r.model for r in order[:28]} == set(sweep.MODELS) and all(r.length == 100 for r in order[:28])
     assert all(r.screen == (r.seed == 1 and r.scoring != "chosen" and sweep.is_memory(r.model)) for r in order)
     assert all(r.scoring == "chosen" for r in order if not r.screen and sweep.is_memory(r.model))
     assert order.index(Run(100, "K=64", "chosen", 3)) < order.index(Run(50, "K=1", ("sigmoid", "sigmoid"), 1, True))
@@ -308,6 +310,26 @@ def test_tiny_sweep_with_two_jobs(tmp_path):
         assert f"{name}: " in out
     assert f"| 6 | K=1 | {chosen[0]}/{chosen[1]} (of 2) | 2 |" in (tmp_path / "table.md").read_text()
 
+
+
+def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path):
+    """The peer row: fairseq's `lstm` (bidirectional 2-layer encoder, 2-layer decoder) at the
+    preset's sizes, trained and scored by the real driver, in the table without a paper figure."""
+    env = clean_env(OMP_NUM_THREADS="1", PATH="/usr/bin:/bin")
+    finish(subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--models",
+         "fairseq lstm", "--seeds", "1", "--out", str(tmp_path)], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    run = tmp_path / "runs" / sweep.run_name(6, "fairseq lstm", None, 1)
+    log = (run / "train.log").read_text()
+    sizes = sweep.PRESETS["tiny"]["model"]
+    for option in ("arch='lstm'", "encoder_bidirectional=True", "encoder_layers=2", "decoder_layers=2",
+                   f"encoder_hidden_size={sizes['units']},", f"decoder_out_embed_dim={sizes['units']},",
+                   f"decoder_embed_dim={sizes['embed']},"):  # fairseq logs the model's Namespace
+        assert option in log, option
+    score = json.load(open(run / "score.json"))
+    assert f"| 6 | fairseq lstm |  | 1 | {score['bleu']:.2f} |" in (tmp_path / "table.md").read_text()
+    assert sweep.paper_bleu(100, "fairseq lstm") == "" and sweep.paper_bleu(100, "Att") == 100.0
 
 
 def test_transformer_quality_driver_calls_the_sweeps_runner(tmp_path, monkeypatch):

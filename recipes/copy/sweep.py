@@ -51,7 +51,11 @@ PAPER = {
     200: {"No Att": (32.64, 9.10), "K=1": (44.22, 9.30), "K=4": (98.54, 9.49), "K=16": (99.98, 9.53),
           "K=32": (100.00, 9.59), "K=64": (100.00, 9.78), "Att": (100.00, 14.28)},
 }
-MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att"]
+MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att", "fairseq lstm"]
+# "Att" is the paper's baseline, Bahdanau's additive attention; "fairseq lstm" is the peer our users
+# train instead: fairseq's own `lstm` (its attention, input feeding) at the same sizes. Not in the
+# paper; at the CPU preset additive attention learns the copy far more slowly than fairseq's
+# (results/copy/attention_check/).
 # (encoder score, decoder score). The first is trained first: it had the best validation loss of
 # the four at L = 20, K = 16 in the 3,000-update sweep (0.017, softmax/softmax 0.18).
 SCORINGS = [("sigmoid", "sigmoid"), ("sigmoid", "softmax"), ("softmax", "sigmoid"), ("softmax", "softmax")]
@@ -74,6 +78,7 @@ PRESETS = {
     # architecture defaults), Adam 1e-4, batch 128, up to 200k steps, 100k/1k examples.
     "paper": dict(
         lengths=[20, 50, 100, 200], seeds=3, fig3b_k=32, copy=[], screen=20000,
+        model=dict(units=256, embed=256, dropout=0.2),
         sizes="the paper's (Sec. 4.1)",
         train=["--optimizer", "adam", "--lr", "1e-4", "--batch-size", "128", "--max-update", "200000",
                "--validate-interval-updates", "2000", "--save-interval-updates", "2000",
@@ -86,12 +91,13 @@ PRESETS = {
     # updates (6 validations): at L = 20, K = 16 the four were 0.017-0.18 apart by then.
     "cpu": dict(
         lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[], screen=3000,
+        model=dict(units=128, embed=64, dropout=0),
         sizes="the CPU preset's: 2x128 units, 64-d embeddings, no dropout (the paper: 2x256, 256-d, 0.2)",
         train=cpu_training(units=128, embed=64, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
     ),
     # Seconds per run, for the tests: 8 units, L = 6, 512 training examples.
     "tiny": dict(
-        lengths=[6], seeds=2, fig3b_k=1, screen=24,
+        lengths=[6], seeds=2, fig3b_k=1, screen=24, model=dict(units=8, embed=8, dropout=0),
         copy=["--copy-train-size", "512", "--copy-valid-size", "64", "--copy-test-size", "32"],
         sizes="tiny (tests only): 2x8 units, 8-d embeddings",
         train=cpu_training(units=8, embed=8, lr="1e-2", batch=16, cap=64, patience=2, every=8),
@@ -100,14 +106,21 @@ PRESETS = {
 
 
 def paper_bleu(length, model):
-    return PAPER[length][model][0] if length in PAPER else ""
+    return PAPER[length][model][0] if model in PAPER.get(length, {}) else ""
 
 
 def is_memory(model):
     return model.startswith("K=")
 
 
-def model_args(model, scoring=None):
+def model_args(model, scoring=None, sizes=None):
+    """fairseq-train's --arch and model options of a row; sizes (a preset's `model`) for fairseq's
+    lstm, whose defaults are not the paper's: 2 layers, a bidirectional encoder, our sizes."""
+    if model == "fairseq lstm":
+        units, embed = str(sizes["units"]), str(sizes["embed"])
+        return ["--arch", "lstm", "--encoder-bidirectional", "--encoder-layers", "2", "--decoder-layers", "2",
+                "--encoder-embed-dim", embed, "--decoder-embed-dim", embed, "--encoder-hidden-size", units,
+                "--decoder-hidden-size", units, "--decoder-out-embed-dim", units, "--dropout", str(sizes["dropout"])]
     if model == "No Att":
         return ["--arch", "lstm_noatt"]
     if model == "Att":
@@ -138,8 +151,9 @@ def run_name(length, model, scoring, seed):
 def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
     """Runs in the order they are trained.
 
-    1. Longest L, seed 1: K = fig3b_k's screens (Fig. 3b) and its chosen run, Att, No Att, then
-       every other K's screens and chosen run: a first version of every row.
+    1. Longest L, seed 1: K = fig3b_k's screens (Fig. 3b) and its chosen run, fairseq lstm, No Att,
+       every other K's screens and chosen run, then Att (the slowest to train): a first version of
+       every row.
     2. Shortest L, seed 1, in the same order (the cheapest runs: does any row collapse?).
     3. Longest L, seeds 2..: the headline rows' spread.
     4. The other lengths (ascending), seed 1; then seeds 2.. of every length but the longest.
@@ -151,9 +165,9 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
         memory = [m for m in models if is_memory(m)]
         lead = [m for m in memory if m == f"K={fig3b_k}"]
         runs = [run for m in lead for run in memory_row(length, m)]
-        runs += [Run(length, m, None, 1) for m in ("Att", "No Att") if m in models]
+        runs += [Run(length, m, None, 1) for m in ("fairseq lstm", "No Att") if m in models]
         runs += [run for m in memory if m not in lead for run in memory_row(length, m)]
-        return runs
+        return runs + [Run(length, "Att", None, 1)] * ("Att" in models)
 
     def more_seeds(length):
         return [Run(length, m, "chosen" if is_memory(m) else None, seed) for seed in seeds[1:] for m in models]
@@ -387,7 +401,7 @@ def main(argv=None):
 
     def execute(run):
         return train_and_score(run_dir(run), " ".join([f"--copy-max-len {run.length}", *preset["copy"]]),
-                               [*model_args(run.model, run.scoring), *train_args], run.seed,
+                               [*model_args(run.model, run.scoring, preset["model"]), *train_args], run.seed,
                                cap=preset["screen"] if run.screen else cap, decode=not run.screen)
 
     def done(run):

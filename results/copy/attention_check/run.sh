@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Standard attention on the copy task at L = 50: which attention, input feeding and learning rate
+# learn it at the converged sweep's CPU preset (recipes/copy/sweep.py --preset cpu: 2x128 units,
+# 64-d embeddings, no dropout, Adam 1e-3, clipping at 1, batch 64), 2,000 updates, seed 1, training
+# only (validation loss every 500 updates). Run from the repository root, one thread per run:
+#   bash results/copy/attention_check/run.sh
+set -euo pipefail
+OUT=results/copy/attention_check
+ARGS=$(python -c "import sys; sys.path.insert(0, 'recipes/copy'); import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
+export OMP_NUM_THREADS=1 COPY_ARGS="--copy-max-len 50" SKIP_GENERATE=1
+run() {  # NAME fairseq-train options...
+  local name=$1; shift
+  recipes/copy/train_eval.sh "$OUT/$name" "$@" $ARGS --max-update 2000 --seed 1 --no-progress-bar \
+    --log-interval 100 > /dev/null
+}
+run additive              --arch lstm_att
+run additive_if           --arch lstm_att --input-feeding
+run additive_lr3e-4       --arch lstm_att --lr 3e-4
+run general               --arch lstm_att --attention-type general
+run general_if            --arch lstm_att --attention-type general --input-feeding
+run fairseq_lstm          --arch lstm --encoder-bidirectional --encoder-layers 2 --decoder-layers 2 \
+                          --decoder-out-embed-dim 128
+run K16_softmax-softmax   --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax
