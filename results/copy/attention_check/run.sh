@@ -22,3 +22,5 @@ run fairseq_lstm          --arch lstm --encoder-bidirectional --encoder-layers 2
                           --decoder-out-embed-dim 128
 run K16_softmax-softmax   --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
                           --memory-decoder-score softmax
+run K16_softmax-softmax_time --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --memory-encoder-normalize time
