@@ -48,12 +48,17 @@ def plot_curves(path, title, curves):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, curve in curves.items():
         if curve:
             ax.plot(*zip(*curve), marker=".", label=label)
     ax.set(xlabel="training steps", ylabel="validation loss (base 2)", yscale="log", title=title)
+    # Plain numbers at 1, 2, 5 x 10^n on the log axis, not matplotlib's 4x10^-1 minor labels.
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
