@@ -61,17 +61,21 @@ MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att", "fairseq lstm"]
 SCORINGS = [("sigmoid", "sigmoid"), ("sigmoid", "softmax"), ("softmax", "sigmoid"), ("softmax", "softmax")]
 
 
-def cpu_training(units, embed, lr, batch, cap, patience, every):
-    """fairseq-train options of a CPU preset: smaller model, no dropout, Adam with clipping at 1,
+def cpu_training(model, lr, batch, cap, patience, every):
+    """fairseq-train options of a CPU preset: `model`'s sizes (the preset's), Adam with clipping at 1,
     validation (and a checkpoint) every `every` updates and none at epoch ends, so that `patience`
     counts evenly spaced validations; stop after `patience` without a new best or at `cap`."""
-    return ["--encoder-hidden-size", str(units), "--decoder-hidden-size", str(units),
-            "--encoder-embed-dim", str(embed), "--decoder-embed-dim", str(embed), "--dropout", "0",
+    units, embed = str(model["units"]), str(model["embed"])
+    return ["--encoder-hidden-size", units, "--decoder-hidden-size", units,
+            "--encoder-embed-dim", embed, "--decoder-embed-dim", embed, "--dropout", str(model["dropout"]),
             "--optimizer", "adam", "--lr", lr, "--clip-norm", "1", "--batch-size", str(batch),
             "--max-update", str(cap), "--patience", str(patience), "--validate-interval-updates", str(every),
             "--save-interval-updates", str(every), "--validate-interval", "1000", "--save-interval", "1000",
             "--keep-interval-updates", "1", "--cpu"]
 
+
+CPU_MODEL = dict(units=128, embed=64, dropout=0)
+TINY_MODEL = dict(units=8, embed=8, dropout=0)
 
 PRESETS = {
     # Sec. 4.1: 2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, dropout 0.2 (the
@@ -91,16 +95,16 @@ PRESETS = {
     # updates (6 validations): at L = 20, K = 16 the four were 0.017-0.18 apart by then.
     "cpu": dict(
         lengths=[20, 50, 100], seeds=3, fig3b_k=16, copy=[], screen=3000,
-        model=dict(units=128, embed=64, dropout=0),
+        model=CPU_MODEL,
         sizes="the CPU preset's: 2x128 units, 64-d embeddings, no dropout (the paper: 2x256, 256-d, 0.2)",
-        train=cpu_training(units=128, embed=64, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
+        train=cpu_training(CPU_MODEL, lr="1e-3", batch=64, cap=12000, patience=5, every=500),
     ),
     # Seconds per run, for the tests: 8 units, L = 6, 512 training examples.
     "tiny": dict(
-        lengths=[6], seeds=2, fig3b_k=1, screen=24, model=dict(units=8, embed=8, dropout=0),
+        lengths=[6], seeds=2, fig3b_k=1, screen=24, model=TINY_MODEL,
         copy=["--copy-train-size", "512", "--copy-valid-size", "64", "--copy-test-size", "32"],
         sizes="tiny (tests only): 2x8 units, 8-d embeddings",
-        train=cpu_training(units=8, embed=8, lr="1e-2", batch=16, cap=64, patience=2, every=8),
+        train=cpu_training(TINY_MODEL, lr="1e-2", batch=16, cap=64, patience=2, every=8),
     ),
 }
 
