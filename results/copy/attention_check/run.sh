@@ -24,3 +24,9 @@ run K16_softmax-softmax   --arch lstm_memattn --memory-k 16 --memory-encoder-sco
                           --memory-decoder-score softmax
 run K16_softmax-softmax_time --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
                           --memory-decoder-score softmax --memory-encoder-normalize time
+# Position information in the write (does it speed up learning the copy?): Eq. 8-10's position
+# encodings, and the learned soft window of --memory-position-window (on in transformer_memattn).
+run K16_softmax-softmax_pe --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --memory-position-encoding
+run K16_softmax-softmax_window --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --memory-position-window
