@@ -1,6 +1,7 @@
 """Score fairseq-generate output as the paper did, plus exact-match accuracy.
 
     python -m fairseq_memattn.score generate.out
+    python -m fairseq_memattn.score generate.out --by-length 20    # and per reference length 0-19, 20-39, ...
 
 BLEU is sacreBLEU with no tokenisation on the already tokenised hypotheses and
 references (what Moses' multi-bleu.perl computes, which the paper used);
@@ -47,22 +48,47 @@ def score(hypotheses: List[str], references: List[str]) -> Dict[str, float]:
     }
 
 
+def accuracy_by_length(hypotheses: List[str], references: List[str], width: int) -> List[Dict[str, object]]:
+    """Exact-match accuracy per band of reference lengths (tokens, EOS not counted) of `width`:
+    where a fixed-size memory runs out (it holds |S|/K tokens per context), accuracy falls
+    with length. Bands with no reference are left out."""
+    if width < 1:
+        raise ValueError(f"band width {width} (must be >= 1)")
+    bands: Dict[int, List[int]] = {}
+    for h, r in zip(hypotheses, references):
+        band = bands.setdefault(len(r.split()) // width, [0, 0])
+        band[0] += h.split() == r.split()
+        band[1] += 1
+    return [{"lengths": f"{b * width}-{(b + 1) * width - 1}", "exact": exact, "sentences": n,
+             "accuracy": round(100.0 * exact / n, 2)} for b, (exact, n) in sorted(bands.items())]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("generate_output", help="file written by fairseq-generate ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--by-length", type=int, metavar="WIDTH",
+                        help="also exact-match accuracy per band of WIDTH reference lengths")
     args = parser.parse_args(argv)
+    if args.by_length is not None and args.by_length < 1:
+        parser.error(f"--by-length: {args.by_length} (must be >= 1)")
     stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
     with stream:
         try:
-            result = score(*read_generate_output(stream))
+            hypotheses, references = read_generate_output(stream)
         except ValueError as error:
             parser.error(f"{args.generate_output}: {error}")
+    result = score(hypotheses, references)
+    if args.by_length:
+        result["by_length"] = accuracy_by_length(hypotheses, references, args.by_length)
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"BLEU {result['bleu']:.2f}  accuracy {result['accuracy']:.2f}%  "
-              f"({result['sentences']} sentences)")
+        return
+    print(f"BLEU {result['bleu']:.2f}  accuracy {result['accuracy']:.2f}%  "
+          f"({result['sentences']} sentences)")
+    for band in result.get("by_length", []):
+        print(f"  length {band['lengths']:>9}: {band['accuracy']:6.2f}% exact  "
+              f"({band['exact']} of {band['sentences']})")
 
 
 if __name__ == "__main__":

@@ -77,10 +77,10 @@ def test_log_parser_converged_cap_unfinished_and_resumed(tmp_path):
     assert resumed["train_seconds"] == 100 + 30
 
 
-def fake_result(bleu, loss, stopped="converged", updates=1000):
+def fake_result(bleu, loss, stopped="converged", updates=1000, outputs=(["1 2", "5 6 7 8 9"],) * 2):
     return dict(bleu=bleu, accuracy=bleu / 2, best_valid_loss=loss, stopped=stopped, updates=updates,
                 best_update=updates - 500, train_seconds=60.0, decode_seconds=1.0,
-                curve=[(500, loss + 1), (updates, loss)])
+                curve=[(500, loss + 1), (updates, loss)], outputs=outputs)
 
 
 def fake_screen(loss, stopped="cap", updates=3000):
@@ -125,7 +125,8 @@ def test_selection_seeds_and_tables(tmp_path):
     results = {
         (20, "K=4", ("sigmoid", "softmax"), 1): fake_result(99.0, 0.05),
         (20, "K=4", ("softmax", "sigmoid"), 1): fake_result(99.9, 0.01),  # best final run: not chosen
-        (20, "K=4", ("sigmoid", "softmax"), 2): fake_result(97.0, 0.12, "cap", 2000),
+        (20, "K=4", ("sigmoid", "softmax"), 2): fake_result(97.0, 0.12, "cap", 2000,  # 5 tokens: wrong
+                                                            outputs=(["1 2", "5 6 7 8"], ["1 2", "5 6 7 8 9"])),
         (20, "K=4", ("sigmoid", "softmax"), 3): fake_result(98.0, 0.11),
         (20, "Att", None, 1): fake_result(100.0, 0.01),
     }
@@ -140,6 +141,10 @@ def test_selection_seeds_and_tables(tmp_path):
     scoring = (tmp_path / "scoring.md").read_text()
     assert "| 0.300 | **0.100** → 0.050 / 99.00 (converged at 1000) | 0.200 (converged at 2500) | 2.000 |" \
         in scoring and "after 3000 updates" in table
+    # L = 20: bands of 4 lengths; the three seeds pooled: 3 of 3 of length 2, 2 of 3 of length 5
+    by_length = (tmp_path / "by_length.md").read_text()
+    assert "| L = 20 | scoring | seeds | 0-3 | 4-7 | 8-11 | 12-15 | 16-19 | 20-23 |" in by_length
+    assert "| K=4 | sigmoid/softmax (of 4) | 3 | 100.0 | 66.7 |  |  |  |  |" in by_length
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
     assert len(rows) == 7  # four screens (two of them trained on), two more seeds, Att
     assert [r["screen_valid_loss"] for r in rows if r["model"] == "K=4" and r["seed"] == "1"] == \
@@ -157,6 +162,8 @@ def test_run_order_puts_longest_length_and_scorings_first():
     assert order[:7] == [*(Run(100, "K=16", s, 1, screen=True) for s in sweep.SCORINGS),
                          Run(100, "K=16", "chosen", 1), Run(100, "fairseq lstm", None, 1),
                          Run(100, "No Att", None, 1)]
+    # then the other K, largest first: K = 32 and 64 decide whether memory attention matches attention
+    assert [r.model for r in order[7:27:5]] == ["K=64", "K=32", "K=4", "K=1"]
     assert order[27] == Run(100, "Att", None, 1)
     assert {r.model for r in order[:28]} == set(sweep.MODELS) and all(r.length == 100 for r in order[:28])
     assert all(r.screen == (r.seed == 1 and r.scoring != "chosen" and sweep.is_memory(r.model)) for r in order)

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from fairseq_memattn.tasks.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
-from fairseq_memattn.score import read_generate_output, score
+from fairseq_memattn.score import accuracy_by_length, read_generate_output, score
 
 BIN = os.path.dirname(sys.executable)
 
@@ -112,5 +112,11 @@ def test_scoring_counts_length_zero_examples():
     result = score(hyps, refs)
     assert result["accuracy"] == pytest.approx(66.67) and result["sentences"] == 3
     assert score(["", "1 2 3 4"], ["", "1 2 3 4"])["bleu"] == 100.0
+    # by reference length in bands of 2: lengths 0 and 1 | 2 and 3 (one wrong of two)
+    bands = accuracy_by_length(["", "1 2 3", "4", "7"], ["", "1 2 3", "4 5", "7"], 2)
+    assert bands == [{"lengths": "0-1", "exact": 2, "sentences": 2, "accuracy": 100.0},
+                     {"lengths": "2-3", "exact": 1, "sentences": 2, "accuracy": 50.0}]
+    with pytest.raises(ValueError, match="band width 0"):
+        accuracy_by_length(hyps, refs, 0)
     with pytest.raises(ValueError, match="1 references have no hypothesis"):
         read_generate_output(["T-0\t1", "T-1\t2", "H-0\t-1\t1"])

@@ -18,7 +18,8 @@ Resumable: a run with a score.json is skipped, a run whose training finished is 
 a screen whose training stopped is not run again, and an interrupted run resumes from its
 checkpoint_last.pt, its train.log appended. Runs are ordered
 so the most informative land first (see ``run_order``); the tables are rewritten after every run.
-Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/scoring.md (all four
+Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/by_length.md (the headline
+rows' exact-match accuracy by source length), OUT/scoring.md (all four
 combinations per memory row: Fig. 3b / Fig. 5), OUT/fig3a.png (validation loss at the longest L)
 and OUT/fig3b.png (the four combinations at the longest L).
 """
@@ -38,6 +39,7 @@ from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from fairseq_memattn.score import accuracy_by_length, read_generate_output  # noqa: E402
 from fairseq_memattn.train_log import plot_curves, read_train_log  # noqa: E402
 
 # Paper Table 1: BLEU (decode time in seconds on a K40m) per length and model.
@@ -156,8 +158,8 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
     """Runs in the order they are trained.
 
     1. Longest L, seed 1: K = fig3b_k's screens (Fig. 3b) and its chosen run, fairseq lstm, No Att,
-       every other K's screens and chosen run, then Att (the slowest to train): a first version of
-       every row.
+       every other K's screens and chosen run, largest K first (the rows that decide whether memory
+       attention matches attention), then Att (the slowest to train): a first version of every row.
     2. Shortest L, seed 1, in the same order (the cheapest runs: does any row collapse?).
     3. Longest L, seeds 2..: the headline rows' spread.
     4. The other lengths (ascending), seed 1; then seeds 2.. of every length but the longest.
@@ -170,7 +172,8 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
         lead = [m for m in memory if m == f"K={fig3b_k}"]
         runs = [run for m in lead for run in memory_row(length, m)]
         runs += [Run(length, m, None, 1) for m in ("fairseq lstm", "No Att") if m in models]
-        runs += [run for m in memory if m not in lead for run in memory_row(length, m)]
+        rest = sorted((m for m in memory if m not in lead), key=lambda m: -int(m.split("=")[1]))
+        runs += [run for m in rest for run in memory_row(length, m)]
         return runs + [Run(length, "Att", None, 1)] * ("Att" in models)
 
     def more_seeds(length):
@@ -192,6 +195,8 @@ def read_run(run_dir):
     with open(os.path.join(run_dir, "generate.log")) as f:
         m = re.search(r"Translated [\d,]+ sentences .* in ([\d.]+)s", f.read())
     result["decode_seconds"] = float(m.group(1)) if m else math.nan
+    with open(os.path.join(run_dir, "generate.test.txt")) as f:
+        result["outputs"] = read_generate_output(f)  # (hypotheses, references)
     return result
 
 
@@ -320,6 +325,28 @@ def write_tables(out, results, screens, lengths, models, preset, command):
         for r in headline_rows(results, screens, lengths, models):
             f.write(f"| {r['L']} | {r['model']} | {r['scoring']} | {len(r['runs'])} | {r['bleu']} | "
                     f"{r['accuracy']} | {r['stopped']} | {r['valid_loss']} | {r['decode']} | {r['paper']} |\n")
+
+    with open(os.path.join(out, "by_length.md"), "w") as f:
+        f.write("# Exact-match accuracy (%) by source length, test split\n\n" + header)
+        f.write("Each headline row of table.md (its seeds' outputs pooled); bands of L/5 lengths, the last "
+                "holding length L only. A memory of K contexts holds |S|/K tokens per context: where that "
+                "runs out, accuracy falls with length.\n")
+        for L in sorted(lengths):
+            rows = [r for r in headline_rows(results, screens, lengths, models) if r["L"] == L]
+            if not rows:
+                continue
+            width = max(1, L // 5)
+            bands = [f"{b * width}-{(b + 1) * width - 1}" for b in range(L // width + 1)]
+            f.write(f"\n| L = {L} | scoring | seeds | " + " | ".join(bands) + " |\n|---|---|---|"
+                    + "---|" * len(bands) + "\n")
+            for r in rows:
+                pooled = {}
+                for run in r["runs"]:
+                    for band in accuracy_by_length(*run["outputs"], width):
+                        exact, n = pooled.get(band["lengths"], (0, 0))
+                        pooled[band["lengths"]] = (exact + band["exact"], n + band["sentences"])
+                cells = [f"{100.0 * pooled[b][0] / pooled[b][1]:.1f}" if b in pooled else "" for b in bands]
+                f.write(f"| {r['model']} | {r['scoring']} | {len(r['runs'])} | " + " | ".join(cells) + " |\n")
 
     with open(os.path.join(out, "scoring.md"), "w") as f:
         f.write("# Scoring functions (Fig. 3b, Fig. 5): seed 1, every encoder/decoder combination\n\n" + header)
