@@ -257,6 +257,7 @@ def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
     Run, scorings = sweep.Run, sweep.SCORINGS[:2]
     runs = sweep.run_order([6], ["K=1", "Att"], [1, 2], 1, scorings)
     earlier = Run(6, "K=1", scorings[0], 1, screen=True)  # screened in an earlier sweep
+    trained = Run(6, "Att", None, 1)  # trained in an earlier sweep, late in the order
     slow = Run(6, "K=1", scorings[1], 1, screen=True)  # the last screen to end: the choice waits for it
     failing = Run(6, "Att", None, 2)
     continued, chosen = Run(6, "K=1", scorings[1], 1), Run(6, "K=1", scorings[1], 2)
@@ -273,16 +274,22 @@ def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
         return run != failing
 
     recorded = []
-    sweep.run_all(runs, 2, execute, recorded.append, scorings, done=lambda run: run == earlier,
+
+    def record(run):
+        recorded.append(run)
+        events.append(("record", run, None))
+
+    sweep.run_all(runs, 2, execute, record, scorings, done=lambda run: run in (earlier, trained),
                   choose=lambda length, model: scorings[1])
     start = {run: i for i, (kind, run, _) in enumerate(events) if kind == "start"}
     end = {run: i for i, (kind, run, _) in enumerate(events) if kind == "end"}
     assert max(n for kind, _, n in events if kind == "start") == 2  # two at once, never three
-    assert earlier not in start and earlier in recorded
+    assert earlier not in start and trained not in start
+    assert events[:2] == [("record", earlier, None), ("record", trained, None)]  # before any run starts
     assert start[chosen] > end[slow] and start[continued] > end[slow]
     assert start[failing] < start[chosen]  # Att's seed 2 did not wait behind the K=1 choice
-    assert set(start) == {slow, continued, Run(6, "Att", None, 1), failing, chosen}
-    assert sorted(recorded) == sorted(set(start) - {failing} | {earlier})
+    assert set(start) == {slow, continued, failing, chosen}
+    assert sorted(recorded) == sorted(set(start) - {failing} | {earlier, trained})
 
 
 def test_tiny_sweep_with_two_jobs(tmp_path):

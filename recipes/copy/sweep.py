@@ -458,9 +458,45 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
     """Runs `runs` (run_order's) with up to `jobs` at once, each started in that order as soon as
     it can be: a "chosen" run waits until the screens of its (L, model) have ended in every
     combination of `scorings`, then takes choose(L, model). execute(run) trains (and scores)
-    (False: failed); record(run) reads a finished run. A run done already is recorded without
-    running again."""
+    (False: failed); record(run) reads a finished run. Runs done already are recorded first,
+    wherever they are in the order (so the tables show every finished run from the start), and
+    not run again."""
     pending, ended = list(runs), set()
+    waiting = object()
+
+    def resolve(run):
+        """The run with its scoring: `waiting` while its screens train, None if none to choose."""
+        if run.scoring != "chosen":
+            return run
+        if any(Run(run.length, run.model, s, 1, screen=True) not in ended for s in scorings):
+            return waiting
+        scoring = choose(run.length, run.model)
+        if scoring is None:
+            print(f"== L{run.length} {run.model} seed {run.seed}: no screen to choose a scoring from, skipped",
+                  flush=True)
+            return None
+        return run._replace(scoring=scoring)
+
+    def take(run, only_done):
+        """Resolves a pending run; records it if it is done already. The run to start, or None."""
+        resolved = resolve(run)
+        if resolved is waiting:
+            return None
+        if resolved is None or done(resolved):
+            pending.remove(run)
+            if resolved:
+                print(f"== {run_name(*resolved[:4])}{' (screen)' if resolved.screen else ''}: done already, "
+                      "skipped", flush=True)
+                ended.add(resolved)
+                record(resolved)
+            return None
+        if only_done:
+            return None
+        pending.remove(run)
+        return resolved
+
+    for run in list(pending):  # in order: a row's screens come before its chosen runs
+        take(run, only_done=True)
     with ThreadPoolExecutor(jobs) as pool:
         running = {}
         while pending or running:
@@ -468,25 +504,9 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
             for run in list(pending):
                 if len(running) == jobs:
                     break
-                if run.scoring == "chosen":
-                    if any(Run(run.length, run.model, s, 1, screen=True) not in ended for s in scorings):
-                        continue  # not ready: its screens are still training
-                    pending.remove(run)
-                    scoring = choose(run.length, run.model)
-                    if scoring is None:
-                        print(f"== L{run.length} {run.model} seed {run.seed}: no screen to choose a scoring "
-                              "from, skipped", flush=True)
-                        continue
-                    run = run._replace(scoring=scoring)
-                else:
-                    pending.remove(run)
-                if done(run):
-                    print(f"== {run_name(*run[:4])}{' (screen)' if run.screen else ''}: done already, skipped",
-                          flush=True)
-                    ended.add(run)
-                    record(run)
-                else:
-                    running[pool.submit(execute, run)] = run
+                resolved = take(run, only_done=False)
+                if resolved:
+                    running[pool.submit(execute, resolved)] = resolved
             if not running:
                 if len(pending) == pending_before:  # nothing could start, and nothing will end
                     raise RuntimeError(f"runs waiting for screens outside the sweep: {pending}")
@@ -497,7 +517,6 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
                 ended.add(run)
                 if future.result():
                     record(run)
-
 
 if __name__ == "__main__":
     sys.exit(main())
