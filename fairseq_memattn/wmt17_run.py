@@ -74,8 +74,8 @@ def config_args(config: str) -> List[str]:
     args = ["--attention-type", "memory", "--memory-k", found["k"]]
     args += (["--memory-position-encoding", "--memory-position-max-len", str(MAX_POSITIONS)] if found["pe"]
              else ["--no-memory-position-encoding"])
-    # Without a suffix: the combination the evidence favours (see DEFAULT_SCORES), not the
-    # model's softmax/softmax default, which the paper found "consistently performs badly".
+    # Without a suffix: the combination the evidence favours (see DEFAULT_SCORES; also the
+    # architecture's default), not softmax/softmax, which the paper found "consistently performs badly".
     enc, dec = (found["enc"], found["dec"]) if found["enc"] else DEFAULT_SCORES
     return args + ["--memory-encoder-score", enc, "--memory-decoder-score", dec]
 

@@ -176,10 +176,12 @@ def test_architecture_defaults():
     base_architecture(args)
     assert (args.encoder_hidden_size, args.encoder_layers, args.memory_k, args.dropout) == (256, 2, 32, 0.2)
     assert args.attention_type == "memory" and not args.memory_position_encoding
+    assert (args.memory_encoder_score, args.memory_decoder_score) == ("softmax", "softmax")  # Eq. 5, 7
     args = argparse.Namespace()
     wmt_architecture(args)
     assert (args.encoder_hidden_size, args.decoder_embed_dim, args.memory_k) == (512, 512, 64)
     assert args.memory_position_encoding
-    args = make_args(memory_position_encoding=False)
+    assert (args.memory_encoder_score, args.memory_decoder_score) == ("sigmoid", "softmax")  # Fig. 4
+    args = make_args(memory_position_encoding=False, memory_encoder_score="softmax")
     wmt_architecture(args)
-    assert not args.memory_position_encoding
+    assert not args.memory_position_encoding and args.memory_encoder_score == "softmax"
