@@ -51,16 +51,21 @@ def score(hypotheses: List[str], references: List[str]) -> Dict[str, float]:
 def accuracy_by_length(hypotheses: List[str], references: List[str], width: int) -> List[Dict[str, object]]:
     """Exact-match accuracy per band of reference lengths (tokens, EOS not counted) of `width`:
     where a fixed-size memory runs out (it holds |S|/K tokens per context), accuracy falls
-    with length. Bands with no reference are left out."""
+    with length. Also the hypotheses that hold their reference's tokens in another order
+    ("reordered"): a memory that keeps which tokens a context holds but not their order.
+    Bands with no reference are left out."""
     if width < 1:
         raise ValueError(f"band width {width} (must be >= 1)")
     bands: Dict[int, List[int]] = {}
     for h, r in zip(hypotheses, references):
-        band = bands.setdefault(len(r.split()) // width, [0, 0])
-        band[0] += h.split() == r.split()
-        band[1] += 1
-    return [{"lengths": f"{b * width}-{(b + 1) * width - 1}", "exact": exact, "sentences": n,
-             "accuracy": round(100.0 * exact / n, 2)} for b, (exact, n) in sorted(bands.items())]
+        hyp, ref = h.split(), r.split()
+        band = bands.setdefault(len(ref) // width, [0, 0, 0])
+        band[0] += hyp == ref
+        band[1] += hyp != ref and sorted(hyp) == sorted(ref)
+        band[2] += 1
+    return [{"lengths": f"{b * width}-{(b + 1) * width - 1}", "exact": exact, "reordered": reordered,
+             "sentences": n, "accuracy": round(100.0 * exact / n, 2)}
+            for b, (exact, reordered, n) in sorted(bands.items())]
 
 
 def main(argv=None):
@@ -88,7 +93,7 @@ def main(argv=None):
           f"({result['sentences']} sentences)")
     for band in result.get("by_length", []):
         print(f"  length {band['lengths']:>9}: {band['accuracy']:6.2f}% exact  "
-              f"({band['exact']} of {band['sentences']})")
+              f"({band['exact']} of {band['sentences']}; {band['reordered']} more in another order)")
 
 
 if __name__ == "__main__":

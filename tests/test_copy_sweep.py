@@ -127,7 +127,8 @@ def test_selection_seeds_and_tables(tmp_path):
         (20, "K=4", ("softmax", "sigmoid"), 1): fake_result(99.9, 0.01),  # best final run: not chosen
         (20, "K=4", ("sigmoid", "softmax"), 2): fake_result(97.0, 0.12, "cap", 2000,  # 5 tokens: wrong
                                                             outputs=(["1 2", "5 6 7 8"], ["1 2", "5 6 7 8 9"])),
-        (20, "K=4", ("sigmoid", "softmax"), 3): fake_result(98.0, 0.11),
+        (20, "K=4", ("sigmoid", "softmax"), 3): fake_result(98.0, 0.11,  # 2 tokens: wrong order
+                                                            outputs=(["2 1", "5 6 7 8 9"], ["1 2", "5 6 7 8 9"])),
         (20, "Att", None, 1): fake_result(100.0, 0.01),
     }
     assert sweep.choose_scoring(screens, 20, "K=4") == ("sigmoid", "softmax")
@@ -141,10 +142,11 @@ def test_selection_seeds_and_tables(tmp_path):
     scoring = (tmp_path / "scoring.md").read_text()
     assert "| 0.300 | **0.100** → 0.050 / 99.00 (converged at 1000) | 0.200 (converged at 2500) | 2.000 |" \
         in scoring and "after 3000 updates" in table
-    # L = 20: bands of 4 lengths; the three seeds pooled: 3 of 3 of length 2, 2 of 3 of length 5
+    # L = 20: bands of 4 lengths; the three seeds pooled: of length 2, 2 of 3 right and 1 reordered;
+    # of length 5, 2 of 3 right, and 1 short (not reordered)
     by_length = (tmp_path / "by_length.md").read_text()
     assert "| L = 20 | scoring | seeds | 0-3 | 4-7 | 8-11 | 12-15 | 16-19 | 20-23 |" in by_length
-    assert "| K=4 | sigmoid/softmax (of 4) | 3 | 100.0 | 66.7 |  |  |  |  |" in by_length
+    assert "| K=4 | sigmoid/softmax (of 4) | 3 | 66.7 (+33.3) | 66.7 (+0.0) |  |  |  |  |" in by_length
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
     assert len(rows) == 7  # four screens (two of them trained on), two more seeds, Att
     assert [r["screen_valid_loss"] for r in rows if r["model"] == "K=4" and r["seed"] == "1"] == \

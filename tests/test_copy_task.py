@@ -112,10 +112,11 @@ def test_scoring_counts_length_zero_examples():
     result = score(hyps, refs)
     assert result["accuracy"] == pytest.approx(66.67) and result["sentences"] == 3
     assert score(["", "1 2 3 4"], ["", "1 2 3 4"])["bleu"] == 100.0
-    # by reference length in bands of 2: lengths 0 and 1 | 2 and 3 (one wrong of two)
-    bands = accuracy_by_length(["", "1 2 3", "4", "7"], ["", "1 2 3", "4 5", "7"], 2)
-    assert bands == [{"lengths": "0-1", "exact": 2, "sentences": 2, "accuracy": 100.0},
-                     {"lengths": "2-3", "exact": 1, "sentences": 2, "accuracy": 50.0}]
+    # by reference length in bands of 2: lengths 0 and 1 | 2 and 3 (one short, one reordered) | 4
+    bands = accuracy_by_length(["", "1 2 3", "4", "7", "6 5", "1 1 2 3"], ["", "1 2 3", "4 5", "7", "5 6", "1 2 1 3"], 2)
+    assert bands == [{"lengths": "0-1", "exact": 2, "reordered": 0, "sentences": 2, "accuracy": 100.0},
+                     {"lengths": "2-3", "exact": 1, "reordered": 1, "sentences": 3, "accuracy": 33.33},
+                     {"lengths": "4-5", "exact": 0, "reordered": 1, "sentences": 1, "accuracy": 0.0}]
     with pytest.raises(ValueError, match="band width 0"):
         accuracy_by_length(hyps, refs, 0)
     with pytest.raises(ValueError, match="1 references have no hypothesis"):

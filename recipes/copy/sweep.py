@@ -330,7 +330,8 @@ def write_tables(out, results, screens, lengths, models, preset, command):
         f.write("# Exact-match accuracy (%) by source length, test split\n\n" + header)
         f.write("Each headline row of table.md (its seeds' outputs pooled); bands of L/5 lengths, the last "
                 "holding length L only. A memory of K contexts holds |S|/K tokens per context: where that "
-                "runs out, accuracy falls with length.\n")
+                "runs out, accuracy falls with length. (+n): n % more hold the source's tokens in another "
+                "order.\n")
         for L in sorted(lengths):
             rows = [r for r in headline_rows(results, screens, lengths, models) if r["L"] == L]
             if not rows:
@@ -340,12 +341,14 @@ def write_tables(out, results, screens, lengths, models, preset, command):
             f.write(f"\n| L = {L} | scoring | seeds | " + " | ".join(bands) + " |\n|---|---|---|"
                     + "---|" * len(bands) + "\n")
             for r in rows:
-                pooled = {}
+                pooled = {}  # band: [exact, reordered, sentences]
                 for run in r["runs"]:
                     for band in accuracy_by_length(*run["outputs"], width):
-                        exact, n = pooled.get(band["lengths"], (0, 0))
-                        pooled[band["lengths"]] = (exact + band["exact"], n + band["sentences"])
-                cells = [f"{100.0 * pooled[b][0] / pooled[b][1]:.1f}" if b in pooled else "" for b in bands]
+                        counts = pooled.setdefault(band["lengths"], [0, 0, 0])
+                        for i, key in enumerate(("exact", "reordered", "sentences")):
+                            counts[i] += band[key]
+                cells = [f"{100.0 * pooled[b][0] / pooled[b][2]:.1f} (+{100.0 * pooled[b][1] / pooled[b][2]:.1f})"
+                         if b in pooled else "" for b in bands]
                 f.write(f"| {r['model']} | {r['scoring']} | {len(r['runs'])} | " + " | ".join(cells) + " |\n")
 
     with open(os.path.join(out, "scoring.md"), "w") as f:
