@@ -81,7 +81,8 @@ def build_model(dictionary=None, seed=0, **overrides):
 
 
 # Every attention type, with and without input feeding: a test taking
-# (dictionary, attention_type, input_feeding) runs for each.
+# (dictionary, attention_type, input_feeding) runs for each. With input feeding the
+# model also has the attention mix: google/seq2seq's decoder, which the paper used.
 for_every_model = pytest.mark.parametrize(
     "attention_type, input_feeding", [(kind, feeding) for feeding in (False, True) for kind in ALL_ATTENTION])
 
@@ -89,7 +90,8 @@ for_every_model = pytest.mark.parametrize(
 def build_every_model(dictionary, attention_type, input_feeding):
     """The model for_every_model stands for; memory attention with position encodings (Eq. 8-10, S = 10)."""
     return build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
-                       memory_position_encoding=attention_type == "memory", memory_position_max_len=10)
+                       attention_mix=input_feeding, memory_position_encoding=attention_type == "memory",
+                       memory_position_max_len=10)
 
 
 def left_padded_batch(dictionary, sentences):

@@ -30,7 +30,8 @@ are those of Britz, Guan & Luong (EMNLP 2017). Covered:
   tanh(W_b final_state + b_b), split as h of layers 1..L, then c of layers 1..L;
 * the decoder: LSTM cell steps, input feeding (c_{i-1}, zeros at the first step,
   concatenated to the embedding, only when there is a context), and the output
-  layer Eq. 3: logits_i = W_out [h_i; c_i] + b.
+  layer Eq. 3: logits_i = W_out [h_i; c_i] + b, or with --attention-mix (and a
+  context) logits_i = W_out tanh(W_m [h_i; c_i] + b_m) + b.
 """
 
 import math
@@ -287,6 +288,8 @@ def decoder_reference(decoder, attention_kind, states, final_state, prev_tokens,
             x = h[layer]
         (context,), _ = attention_reference(attention_kind, attn, states, [h[-1]], options)
         features = h[-1] if context is None else torch.cat([h[-1], context])
+        if options["attention_mix"] and context is not None:  # Luong et al.'s attentional hidden state
+            features = torch.tanh(decoder.attention_mix.weight @ features + decoder.attention_mix.bias)
         logits.append(decoder.output_projection.weight @ features
                       + decoder.output_projection.bias)  # Eq. 3
         previous_context = context
@@ -341,14 +344,15 @@ def test_encoder_states_and_final_state(dictionary, left_pad):
                                    **TOL)
 
 
-@pytest.mark.parametrize("input_feeding", [False, True])
+@pytest.mark.parametrize("input_feeding, attention_mix", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("attention_type", ["none", *CONTENT, "memory", "linear", "gated_linear"])
-def test_decoder_logits_match_eq_3(dictionary, attention_type, input_feeding):
+def test_decoder_logits_match_eq_3(dictionary, attention_type, input_feeding, attention_mix):
     """The whole model against loops: encoder per sentence, bridge, decoder LSTM
-    with input feeding, the attention's formula, and logits = W_out [h_i; c_i] + b."""
-    model = build_random_model(dictionary, attention_type, input_feeding)
+    with input feeding, the attention's formula, and logits = W_out [h_i; c_i] + b
+    (or through the attention mix)."""
+    model = build_random_model(dictionary, attention_type, input_feeding, attention_mix=attention_mix)
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
-    options = dict(input_feeding=input_feeding, encoder_score="sigmoid", max_len=8)
+    options = dict(input_feeding=input_feeding, attention_mix=attention_mix, encoder_score="sigmoid", max_len=8)
     with torch.no_grad():
         logits, _ = model(tokens, lengths, PREV_OUTPUT)
         for row in range(len(SOURCES)):

@@ -150,6 +150,10 @@ def test_overrides_that_do_not_fit_name_both_values(loads):
     ({"memory_position_window": True}, {}, "memory_position_window=True but the model was built with "
                                             "memory_position_window=False"),
     ({}, {"input_feeding": True}, "input_feeding=False but the model was built with input_feeding=True"),
+    ({"attention_mix": True}, {}, "attention_mix=True but the model was built with attention_mix=False"),
+    # The attention mix's input, not the output layer's, is wider than h_i by the context.
+    ({"attention_type": "none", "attention_mix": True}, {"attention_type": "dot", "attention_mix": True},
+     "attention_type=none but the model was built with attention_type=dot/scaled_dot"),
     ({}, {"encoder_layers": 1}, "encoder_layers=2 but the model was built with encoder_layers=1"),
     ({}, {"decoder_hidden_size": 32}, "decoder_hidden_size=16 but the model was built with decoder_hidden_size=32"),
     ({}, {"dictionary": make_dictionary(20)},
@@ -162,8 +166,8 @@ def test_misfit_is_reported_by_option(saved, built, message):
 
 
 def test_fitting_checkpoint_loads_exactly():
-    checkpoint = build_model(seed=1, input_feeding=True).state_dict()
-    model = build_model(seed=2, input_feeding=True)
+    checkpoint = build_model(seed=1, input_feeding=True, attention_mix=True).state_dict()
+    model = build_model(seed=2, input_feeding=True, attention_mix=True)
     model.load_state_dict(checkpoint)
     assert all(torch.equal(checkpoint[name], value) for name, value in model.state_dict().items())
 

@@ -146,10 +146,16 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
     attention lookups are one batched call. With input feeding the previous
     context c_{i-1} is concatenated to the input at step i (as google/seq2seq,
     which the paper used), which forces a loop over time in training.
+
+    With the attention mix the output layer is softmax(W_o tanh(W_m [h_i; c_i]) + b)
+    instead: the "attentional hidden state" of Luong et al. (2015), which
+    google/seq2seq's decoder ("attention_mix") and fairseq's lstm have. Eq. 3's
+    logits are a sum of a term in h_i and a term in c_i; the tanh layer lets the
+    decoder state decide what to take from the context.
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
-                 encoder_final_state_dim, input_feeding=False,
+                 encoder_final_state_dim, input_feeding=False, attention_mix=False,
                  max_target_positions=DEFAULT_MAX_POSITIONS):
         super().__init__(dictionary)
         self.hidden_size = hidden_size
@@ -166,7 +172,12 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         input_size = embed_dim + (context_dim if self.input_feeding else 0)
         self.lstm = LSTM(input_size, hidden_size, num_layers, batch_first=True,
                          dropout=dropout if num_layers > 1 else 0.0)
-        self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
+        if attention_mix and context_dim > 0:
+            self.attention_mix = nn.Linear(hidden_size + context_dim, hidden_size)
+            self.output_projection = nn.Linear(hidden_size, len(dictionary))
+        else:
+            self.attention_mix = None
+            self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
 
     @property
     def need_attn(self) -> bool:
@@ -254,6 +265,8 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         return torch.cat(hiddens, dim=1), torch.cat(contexts, dim=1), attn, new_state
 
     def output_layer(self, features):
+        if self.attention_mix is not None:
+            features = torch.tanh(self.attention_mix(features))
         return self.output_projection(features)
 
     def reorder_incremental_state(self, incremental_state, new_order):
@@ -293,6 +306,10 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
                             help="dropout on the input of every LSTM cell and on the output layer")
         parser.add_argument("--input-feeding", action="store_true",
                             help="feed the previous context into the decoder input")
+        parser.add_argument("--attention-mix", action="store_true",
+                            help="output layer softmax(W_o tanh(W_m [h; c])) instead of Eq. 3's "
+                                 "softmax(W [h; c]): Luong et al.'s attentional hidden state, as in "
+                                 "google/seq2seq (the paper's implementation) and fairseq's lstm")
         parser.add_argument("--attention-type", choices=ATTENTION_TYPES)
         parser.add_argument("--attention-dim", type=int, metavar="N",
                             help="hidden size of additive attention (default: decoder hidden size)")
@@ -316,7 +333,8 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         decoder = MemAttnDecoder(
             task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
             args.decoder_layers, args.dropout, attention, encoder.final_state_dim,
-            input_feeding=args.input_feeding, max_target_positions=args.max_target_positions,
+            input_feeding=args.input_feeding, attention_mix=args.attention_mix,
+            max_target_positions=args.max_target_positions,
         )
         return cls(encoder, decoder)
 
@@ -374,8 +392,10 @@ def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
     embed_dim = _dim(state, "decoder.embed_tokens.weight", 1)
     lstm_input = _dim(state, "decoder.lstm.weight_ih_l0", 1)
     hidden_size = _dim(state, "decoder.lstm.weight_hh_l0", 1)
-    # Eq. 3: the output layer reads [h_i; c_i], so it is wider than h_i by the context.
-    output_input = _dim(state, "decoder.output_projection.weight", 1)
+    # Eq. 3: the output layer (or the attention mix before it) reads [h_i; c_i], so it is wider
+    # than h_i by the context.
+    mix = "decoder.attention_mix.weight" in state
+    output_input = _dim(state, "decoder.attention_mix.weight" if mix else "decoder.output_projection.weight", 1)
     has_context = None if None in (hidden_size, output_input) else output_input > hidden_size
     return {
         "attention_type": _attention_type(
@@ -392,6 +412,7 @@ def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
         "decoder_layers": _num_layers(state, "decoder.lstm"),
         # The previous context is concatenated to the decoder's embeddings.
         "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
+        "attention_mix": mix,
         "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
         "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
     }
@@ -438,6 +459,7 @@ def base_architecture(args):
     args.decoder_layers = getattr(args, "decoder_layers", 2)
     args.dropout = getattr(args, "dropout", 0.2)
     args.input_feeding = getattr(args, "input_feeding", False)
+    args.attention_mix = getattr(args, "attention_mix", False)
     args.attention_type = getattr(args, "attention_type", "memory")
     args.attention_dim = getattr(args, "attention_dim", None)
     memory_defaults(args, memory_k=32, position_encoding=False)
