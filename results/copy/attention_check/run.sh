@@ -10,7 +10,7 @@ ARGS=$(python -c "import sys; sys.path.insert(0, 'recipes/copy'); import sweep; 
 export OMP_NUM_THREADS=1 COPY_ARGS="--copy-max-len 50" SKIP_GENERATE=1
 run() {  # NAME fairseq-train options...
   local name=$1; shift
-  recipes/copy/train_eval.sh "$OUT/$name" "$@" $ARGS --max-update 2000 --seed 1 --no-progress-bar \
+  recipes/copy/train_eval.sh "$OUT/$name" "$@" $ARGS --max-update "${UPDATES:-2000}" --seed 1 --no-progress-bar \
     --log-interval 100 > /dev/null
 }
 run additive              --arch lstm_att
@@ -30,3 +30,17 @@ run K16_softmax-softmax_pe --arch lstm_memattn --memory-k 16 --memory-encoder-sc
                           --memory-decoder-score softmax --memory-position-encoding
 run K16_softmax-softmax_window --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
                           --memory-decoder-score softmax --memory-position-window
+# The decoder of google/seq2seq (which the paper's implementation is based on, Sec. 4.1.1) feeds the
+# previous context into the LSTM's input (input feeding): does that speed up memory attention?
+run K16_softmax-softmax_if --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --input-feeding
+# ... and its output layer, softmax(W_o tanh(W_m [h; c])) (its "attention_mix", Luong et al.'s
+# attentional hidden state, also fairseq's lstm's) instead of Eq. 3's softmax(W [h; c]); both together.
+run K16_softmax-softmax_mix --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --attention-mix
+run K16_softmax-softmax_if_mix --arch lstm_memattn --memory-k 16 --memory-encoder-score softmax \
+                          --memory-decoder-score softmax --input-feeding --attention-mix
+# At L = 100 and the sweep's screening budget (3,000 updates): input feeding against the sweep's own
+# K = 16 softmax/softmax screen (results/copy/converged/runs/L100_K16_softmax-softmax_s1).
+COPY_ARGS="--copy-max-len 100" UPDATES=3000 run L100_K16_softmax-softmax_if --arch lstm_memattn --memory-k 16 \
+    --memory-encoder-score softmax --memory-decoder-score softmax --input-feeding
