@@ -311,6 +311,7 @@ def write_tables(out, results, screens, lengths, models, preset, command):
                                  paper_bleu=paper_bleu(L, m), **row))
 
     settings = PRESETS[preset]
+    headline = headline_rows(results, screens, lengths, models)
     header = (f"Made by `{command}`.\n\nModel sizes: {settings['sizes']}. Training: "
               f"`{' '.join(settings['train'])}`; decoding: beam 10, `--min-len 0`, the checkpoint with the "
               f"best validation loss, on the test split. 'converged' = stopped by `--patience` "
@@ -322,7 +323,7 @@ def write_tables(out, results, screens, lengths, models, preset, command):
                 "all four. BLEU and accuracy: mean ± standard deviation (min-max) over seeds.\n\n")
         f.write("| L | model | scoring | seeds | BLEU | accuracy % | stopped at updates | best valid loss "
                 "| decode s | paper BLEU |\n|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in headline_rows(results, screens, lengths, models):
+        for r in headline:
             f.write(f"| {r['L']} | {r['model']} | {r['scoring']} | {len(r['runs'])} | {r['bleu']} | "
                     f"{r['accuracy']} | {r['stopped']} | {r['valid_loss']} | {r['decode']} | {r['paper']} |\n")
 
@@ -333,7 +334,7 @@ def write_tables(out, results, screens, lengths, models, preset, command):
                 "runs out, accuracy falls with length. (+n): n % more hold the source's tokens in another "
                 "order.\n")
         for L in sorted(lengths):
-            rows = [r for r in headline_rows(results, screens, lengths, models) if r["L"] == L]
+            rows = [r for r in headline if r["L"] == L]
             if not rows:
                 continue
             width = max(1, L // 5)
@@ -341,14 +342,12 @@ def write_tables(out, results, screens, lengths, models, preset, command):
             f.write(f"\n| L = {L} | scoring | seeds | " + " | ".join(bands) + " |\n|---|---|---|"
                     + "---|" * len(bands) + "\n")
             for r in rows:
-                pooled = {}  # band: [exact, reordered, sentences]
-                for run in r["runs"]:
-                    for band in accuracy_by_length(*run["outputs"], width):
-                        counts = pooled.setdefault(band["lengths"], [0, 0, 0])
-                        for i, key in enumerate(("exact", "reordered", "sentences")):
-                            counts[i] += band[key]
-                cells = [f"{100.0 * pooled[b][0] / pooled[b][2]:.1f} (+{100.0 * pooled[b][1] / pooled[b][2]:.1f})"
-                         if b in pooled else "" for b in bands]
+                hypotheses = [h for run in r["runs"] for h in run["outputs"][0]]  # the seeds pooled
+                references = [ref for run in r["runs"] for ref in run["outputs"][1]]
+                found = {band["lengths"]: band for band in accuracy_by_length(hypotheses, references, width)}
+                cells = [f"{100.0 * found[b]['exact'] / found[b]['sentences']:.1f} "
+                         f"(+{100.0 * found[b]['reordered'] / found[b]['sentences']:.1f})" if b in found else ""
+                         for b in bands]
                 f.write(f"| {r['model']} | {r['scoring']} | {len(r['runs'])} | " + " | ".join(cells) + " |\n")
 
     with open(os.path.join(out, "scoring.md"), "w") as f:
@@ -520,6 +519,7 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
                 ended.add(run)
                 if future.result():
                     record(run)
+
 
 if __name__ == "__main__":
     sys.exit(main())
