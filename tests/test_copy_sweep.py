@@ -170,7 +170,11 @@ def test_run_order_puts_longest_length_and_scorings_first():
     assert {r.model for r in order[:28]} == set(sweep.MODELS) and all(r.length == 100 for r in order[:28])
     assert all(r.screen == (r.seed == 1 and r.scoring != "chosen" and sweep.is_memory(r.model)) for r in order)
     assert all(r.scoring == "chosen" for r in order if not r.screen and sweep.is_memory(r.model))
-    assert order.index(Run(100, "K=64", "chosen", 3)) < order.index(Run(50, "K=1", ("sigmoid", "sigmoid"), 1, True))
+    # every length's seed 1 (shortest next) before any seed 2, and the longest length's seeds first
+    first_seed2 = order.index(Run(100, "No Att", None, 2))
+    assert order[28] == Run(20, "K=16", sweep.SCORINGS[0], 1, screen=True) and order[56].length == 50
+    assert all(r.seed == 1 for r in order[:first_seed2]) and first_seed2 == 3 * 28
+    assert order.index(Run(100, "K=64", "chosen", 3)) < order.index(Run(20, "K=1", "chosen", 2))
 
 
 def test_bad_arguments_are_named():

@@ -160,9 +160,9 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
     1. Longest L, seed 1: K = fig3b_k's screens (Fig. 3b) and its chosen run, fairseq lstm, No Att,
        every other K's screens and chosen run, largest K first (the rows that decide whether memory
        attention matches attention), then Att (the slowest to train): a first version of every row.
-    2. Shortest L, seed 1, in the same order (the cheapest runs: does any row collapse?).
-    3. Longest L, seeds 2..: the headline rows' spread.
-    4. The other lengths (ascending), seed 1; then seeds 2.. of every length but the longest.
+    2. The other lengths, seed 1, shortest first, in the same order (the cheapest runs: does any
+       row collapse?): a first version of the whole table.
+    3. Seeds 2..: the headline rows' spread, longest L first.
     """
     def memory_row(length, model):
         return [Run(length, model, s, 1, screen=True) for s in scorings] + [Run(length, model, "chosen", 1)]
@@ -180,12 +180,8 @@ def run_order(lengths, models, seeds, fig3b_k, scorings=SCORINGS):
         return [Run(length, m, "chosen" if is_memory(m) else None, seed) for seed in seeds[1:] for m in models]
 
     longest, shorter = max(lengths), sorted(set(lengths) - {max(lengths)})
-    order = seed1(longest) + (seed1(shorter[0]) if shorter else []) + more_seeds(longest)
-    for length in shorter[1:]:
-        order += seed1(length)
-    for length in shorter:
-        order += more_seeds(length)
-    return order
+    order = seed1(longest) + [run for length in shorter for run in seed1(length)]
+    return order + [run for length in [longest, *shorter] for run in more_seeds(length)]
 
 
 def read_run(run_dir):
