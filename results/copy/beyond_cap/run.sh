@@ -2,9 +2,10 @@
 # Beyond the converged sweep's cap: does K = 16 memory attention reach fairseq lstm's level at
 # L = 100 (99.93 BLEU) given more updates? Continues the sweep's K = 16 softmax/softmax seed-1 run
 # (results/copy/converged/runs/L100_K16_softmax-softmax_s1, stopped by the CPU preset's cap at
-# 12,000 updates, validation loss still falling) from its last checkpoint, with the preset's options
-# but --max-update 30000 (patience 5 as before), then decodes and scores it as the sweep does
-# (beam 10, --min-len 0, checkpoint_best.pt). Resumable. From the repository root:
+# 12,000 updates, validation loss still falling) from its last checkpoint with the preset's options,
+# patience 5 as before, but up to 30,000 updates at the same learning rate, or 18,000 at the
+# paper's; then decodes and scores it as the sweep does (beam 10, --min-len 0, checkpoint_best.pt).
+# Resumable. From the repository root:
 #   OMP_NUM_THREADS=1 bash results/copy/beyond_cap/run.sh
 set -euo pipefail
 FROM=results/copy/converged/runs/L100_K16_softmax-softmax_s1
@@ -23,4 +24,4 @@ continue_run() {  # NAME [fairseq-train options that override the preset's...]
   python -m fairseq_memattn.score "$out/generate.test.txt" --by-length 20 > "$out/by_length.md"
 }
 continue_run L100_K16_softmax-softmax_s1                 # the same learning rate, 1e-3
-continue_run L100_K16_softmax-softmax_s1_lr1e-4 --lr 1e-4  # the paper's learning rate (Sec. 4.1)
+continue_run L100_K16_softmax-softmax_s1_lr1e-4 --lr 1e-4 --max-update 18000  # the paper's learning rate (Sec. 4.1)
