@@ -253,6 +253,15 @@ def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     assert out.count("done already, skipped") == 2 and "decoding" in out and ": training" not in out
     assert (runs[chosen] / "train.log").read_text() == log and (runs[chosen] / "score.json").exists()
 
+    # On a new machine (the checkpoints are not committed) an undecoded run trains again from the
+    # start, its old log kept aside, instead of failing to decode or appending a second curve.
+    for name in ("score.json", "checkpoint_best.pt", "checkpoint_last.pt"):
+        os.remove(runs[chosen] / name)
+    out = finish(start_sweep(tmp_path))
+    assert ": training" in out and (runs[chosen] / "score.json").exists()
+    assert (runs[chosen] / "train.lost.log").read_text() == log
+    assert (runs[chosen] / "train.log").read_text().count("fairseq_cli.train | {") == 1
+
 
 def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
     """The scheduler with stand-in runs: at most `jobs` at once, in run_order's order as far as they

@@ -16,7 +16,8 @@ and --min-len 0, scoring). As in the paper:
   * headline rows have several seeds (--seeds): mean, standard deviation and range.
 Resumable: a run with a score.json is skipped, a run whose training finished is only decoded again,
 a screen whose training stopped is not run again, and an interrupted run resumes from its
-checkpoint_last.pt, its train.log appended. Runs are ordered
+checkpoint_last.pt, its train.log appended (one whose checkpoints are gone, on a new machine,
+trains again from the start, its old log kept as train.lost.log). Runs are ordered
 so the most informative land first (see ``run_order``); the tables are rewritten after every run.
 Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/by_length.md (the headline
 rows' exact-match accuracy by source length), OUT/scoring.md (all four
@@ -226,6 +227,13 @@ def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     info = read_train_log(log) if os.path.exists(log) else {"stopped": None}
     # A screen stopped at its budget has not finished training: its continuation resumes it.
     trained = info["stopped"] == "converged" or (info["stopped"] == "cap" and info["updates"] >= cap)
+    # The checkpoints are not committed: on a new machine a run that has not been decoded has its
+    # train.log but not the checkpoint it would go on from. It trains again from the start (seed
+    # and data are the same), its old log kept aside, so that train.log holds one training.
+    if os.path.exists(log) and not os.path.exists(
+            os.path.join(run_dir, "checkpoint_best.pt" if trained else "checkpoint_last.pt")):
+        os.replace(log, os.path.join(run_dir, "train.lost.log"))
+        trained = False
     print(f"== {os.path.basename(run_dir)}: {'decoding' if trained else 'training'}", flush=True)
     # train_eval.sh calls fairseq-train, fairseq-generate and python: this interpreter's, so that a
     # driver started as .venv/bin/python needs no activated venv.
