@@ -145,7 +145,7 @@ def test_selection_seeds_and_tables(tmp_path):
     # L = 20: bands of 4 lengths; the three seeds pooled: of length 2, 2 of 3 right and 1 reordered;
     # of length 5, 2 of 3 right, and 1 short (not reordered)
     by_length = (tmp_path / "by_length.md").read_text()
-    assert "| L = 20 | scoring | seeds | 0-3 | 4-7 | 8-11 | 12-15 | 16-19 | 20-23 |" in by_length
+    assert "| L = 20 | scoring | seeds | 0-3 | 4-7 | 8-11 | 12-15 | 16-19 | 20 |" in by_length
     assert "| K=4 | sigmoid/softmax (of 4) | 3 | 66.7 (+33.3) | 66.7 (+0.0) |  |  |  |  |" in by_length
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
     assert len(rows) == 7  # four screens (two of them trained on), two more seeds, Att

@@ -336,7 +336,7 @@ def write_tables(out, results, screens, lengths, models, preset, command):
     with open(os.path.join(out, "by_length.md"), "w") as f:
         f.write("# Exact-match accuracy (%) by source length, test split\n\n" + header)
         f.write("Each headline row of table.md (its seeds' outputs pooled); bands of L/5 lengths, the last "
-                "holding length L only. A memory of K contexts holds |S|/K tokens per context: where that "
+                "ending at L. A memory of K contexts holds |S|/K tokens per context: where that "
                 "runs out, accuracy falls with length. (+n): n % more hold the source's tokens in another "
                 "order.\n")
         for L in sorted(lengths):
@@ -345,7 +345,9 @@ def write_tables(out, results, screens, lengths, models, preset, command):
                 continue
             width = max(1, L // 5)
             bands = [f"{b * width}-{(b + 1) * width - 1}" for b in range(L // width + 1)]
-            f.write(f"\n| L = {L} | scoring | seeds | " + " | ".join(bands) + " |\n|---|---|---|"
+            last = (L // width) * width  # the last band ends at L: "100", not "100-119"
+            labels = bands[:-1] + [f"{last}-{L}" if last < L else str(L)]
+            f.write(f"\n| L = {L} | scoring | seeds | " + " | ".join(labels) + " |\n|---|---|---|"
                     + "---|" * len(bands) + "\n")
             for r in rows:
                 hypotheses = [h for run in r["runs"] for h in run["outputs"][0]]  # the seeds pooled
