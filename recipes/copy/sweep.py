@@ -230,8 +230,9 @@ def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     # A screen stopped at its budget has not finished training: its continuation resumes it.
     trained = info["stopped"] == "converged" or (info["stopped"] == "cap" and info["updates"] >= cap)
     # The checkpoints are not committed: on a new machine a run that has not been decoded has its
-    # train.log but not the checkpoint it would go on from. It trains again from the start (seed
-    # and data are the same), its old log kept aside, so that train.log holds one training.
+    # train.log but not the checkpoint it would go on from. It trains again from the start, its old
+    # log kept aside, so that train.log holds one training (same seed and data, but another CPU's
+    # floating point: the curve differs a little, and its screen is judged on the new one).
     if os.path.exists(log) and not os.path.exists(
             os.path.join(run_dir, "checkpoint_best.pt" if trained else "checkpoint_last.pt")):
         os.replace(log, os.path.join(run_dir, "train.lost.log"))
