@@ -401,7 +401,7 @@ def write_figures(out, results, screens, lengths, models, fig3b_k, budget):
         plot_curves(os.path.join(out, "fig3a.png"), f"Fig. 3a: copy task, L = {longest}, seed 1", fig3a)
     if fig3b:
         plot_curves(os.path.join(out, "fig3b.png"),
-                    f"Fig. 3b: scoring functions, L = {longest}, K = {fig3b_k}, seed 1, first {budget} updates",
+                    f"Fig. 3b: scoring functions, L = {longest}, K = {fig3b_k}, seed 1,\nfirst {budget} updates",
                     fig3b)
 
 
