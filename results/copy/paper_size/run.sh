@@ -3,18 +3,17 @@
 # to fairseq lstm at L = 100 (99.93 BLEU; K = 16 at the preset's 2x128 units, 64-d embeddings:
 # 82.04, levelling off near 86-89 past the cap, results/copy/beyond_cap/) when it has the paper's
 # 2x256 units and 256-d embeddings (Sec. 4.1)? Same data, seed, scoring (softmax/softmax, chosen on
-# validation at L = 100) and training as the sweep's L100_K16 run: Adam 1e-3, clipping at 1,
-# batch 64, no dropout (to change one thing: the sizes), validation every 500 updates, patience 5,
-# cap 12,000. Decoded and scored as the sweep does. Resumable. From the repository root:
+# validation at L = 100) and training as the sweep's L100_K16 run (the CPU preset's options: Adam
+# 1e-3, clipping at 1, batch 64, no dropout, validation every 500 updates, patience 5, cap 12,000);
+# only the sizes change, given after the preset's so that they override it. Decoded and scored as
+# the sweep does. Resumable. From the repository root:
 #   OMP_NUM_THREADS=1 bash results/copy/paper_size/run.sh
 set -euo pipefail
-ARGS=$(python -c "
-import sys; sys.path.insert(0, 'recipes/copy'); import sweep
-model = dict(sweep.CPU_MODEL, units=256, embed=256)
-print(' '.join(sweep.cpu_training(model, lr='1e-3', batch=64, cap=12000, patience=5, every=500)))")
+ARGS=$(python -c "import sys; sys.path.insert(0, 'recipes/copy'); import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
+SIZES="--encoder-hidden-size 256 --decoder-hidden-size 256 --encoder-embed-dim 256 --decoder-embed-dim 256"
 OUT=results/copy/paper_size/L100_K16_softmax-softmax_s1
 [ ! -e "$OUT/score.json" ] || exit 0
 COPY_ARGS="--copy-max-len 100" recipes/copy/train_eval.sh "$OUT" --arch lstm_memattn --memory-k 16 \
-  --memory-encoder-score softmax --memory-decoder-score softmax $ARGS --seed 1 \
+  --memory-encoder-score softmax --memory-decoder-score softmax $ARGS $SIZES --seed 1 \
   --no-progress-bar --log-interval 100 > /dev/null
 python -m fairseq_memattn.score "$OUT/generate.test.txt" --by-length 20 > "$OUT/by_length.md"
