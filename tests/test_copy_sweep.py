@@ -139,6 +139,7 @@ def test_selection_seeds_and_tables(tmp_path):
     assert "| sigmoid/softmax (of 4) | 3 | 98.00 ± 1.00 (97.00-99.00) |" in k4
     assert "converged at 1000, cap at 2000, converged at 1000" in k4
     assert "| 20 | Att |  | 1 | 100.00 |" in table and "python sweep.py" in table
+    assert table.rstrip().endswith("| 99.98 |") and "| 99.56 |" in k4  # the paper's BLEU, as printed
     scoring = (tmp_path / "scoring.md").read_text()
     assert "| 0.300 | **0.100** → 0.050 / 99.00 (converged at 1000) | 0.200 (converged at 2500) | 2.000 |" \
         in scoring and "after 3000 updates" in table
@@ -360,6 +361,7 @@ def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path
     score = json.load(open(run / "score.json"))
     assert f"| 6 | fairseq lstm |  | 1 | {score['bleu']:.2f} |" in (tmp_path / "table.md").read_text()
     assert sweep.paper_bleu(100, "fairseq lstm") == "" and sweep.paper_bleu(100, "Att") == 100.0
+    assert sweep.format_paper_bleu(100.0) == "100.00" and sweep.format_paper_bleu("") == ""
 
 
 def test_transformer_quality_driver_calls_the_sweeps_runner(tmp_path, monkeypatch):

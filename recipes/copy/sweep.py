@@ -116,6 +116,10 @@ def paper_bleu(length, model):
     return PAPER[length][model][0] if model in PAPER.get(length, {}) else ""
 
 
+def format_paper_bleu(bleu):
+    return f"{bleu:.2f}" if bleu != "" else ""  # 100.00 beside 99.97, as the paper prints it
+
+
 def is_memory(model):
     return model.startswith("K=")
 
@@ -292,7 +296,7 @@ def headline_rows(results, screens, lengths, models):
                 stopped=", ".join(f"{r['stopped']} at {r['updates']}" for r in runs),
                 valid_loss=", ".join(f"{r['best_valid_loss']:.3f}" for r in runs),
                 decode=spread([r["decode_seconds"] for r in runs]),
-                paper=paper_bleu(length, model)))
+                paper=format_paper_bleu(paper_bleu(length, model))))
     return rows
 
 
