@@ -362,7 +362,7 @@ def write_tables(out, results, screens, lengths, models, preset, command):
             f.write(f"| {r['L']} | {r['model']} | {r['scoring']} | {len(r['runs'])} | {r['bleu']} | "
                     f"{r['accuracy']} | {r['stopped']} | {r['valid_loss']} | {r['decode']} | {r['paper']} |\n")
         f.write("\nThe same rows as the paper lays out Table 1: test BLEU, mean ± standard deviation over "
-                "the seeds above, (mean exact-match accuracy %), and the paper's BLEU beside.\n\n"
+                "the seeds above (in brackets the mean exact-match accuracy %), the paper's BLEU beside.\n\n"
                 + paper_layout(headline, lengths, models))
 
     with open(os.path.join(out, "by_length.md"), "w") as f:
