@@ -267,13 +267,14 @@ def choose_scoring(screens, length, model):
     return min(done, key=lambda s: done[s]["screen_loss"]) if done else None
 
 
-def spread(values):
+def spread(values, with_range=True):
     if not values:
         return ""
     mean = statistics.mean(values)
     if len(values) == 1:
         return f"{mean:.2f}"
-    return f"{mean:.2f} ± {statistics.stdev(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+    value_range = f" ({min(values):.2f}-{max(values):.2f})" if with_range else ""
+    return f"{mean:.2f} ± {statistics.stdev(values):.2f}{value_range}"
 
 
 def headline_rows(results, screens, lengths, models):
@@ -309,9 +310,8 @@ def paper_layout(headline, lengths, models):
     def cell(r):
         if r is None:
             return ""
-        bleu, accuracy = [run["bleu"] for run in r["runs"]], [run["accuracy"] for run in r["runs"]]
-        sd = f" ± {statistics.stdev(bleu):.2f}" if len(bleu) > 1 else ""
-        return f"{statistics.mean(bleu):.2f}{sd} ({statistics.mean(accuracy):.1f})"
+        bleu = spread([run["bleu"] for run in r["runs"]], with_range=False)
+        return f"{bleu} ({statistics.mean(run['accuracy'] for run in r['runs']):.1f})"
 
     lines = ["| model | " + " | ".join(f"L = {L} | paper" for L in sorted(lengths)) + " |",
              "|---|" + "---|---|" * len(lengths)]
