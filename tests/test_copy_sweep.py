@@ -362,8 +362,20 @@ def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path
                    f"decoder_embed_dim={sizes['embed']},"):  # fairseq logs the model's Namespace
         assert option in log, option
     score = json.load(open(run / "score.json"))
-    assert f"| 6 | fairseq lstm |  | 1 | {score['bleu']:.2f} |" in (tmp_path / "table.md").read_text()
+    row = f"| 6 | fairseq lstm |  | 1 | {score['bleu']:.2f} |"
+    assert row in (tmp_path / "table.md").read_text()
     assert sweep.paper_bleu(100, "fairseq lstm") == "" and sweep.paper_bleu(100, "Att") == 100.0
+
+    # --tables-only over the whole grid: the finished run's row comes back, nothing else trains,
+    # and the table names the sweep's command, not the rewriting call's.
+    (tmp_path / "table.md").unlink()
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--seeds", "1",
+         "--out", str(tmp_path), "--tables-only"], env=env, capture_output=True, text=True, check=True).stdout
+    assert ": training" not in out and [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
+    table = (tmp_path / "table.md").read_text()
+    assert row in table and "--tables-only" not in table
+    assert f"Made by `python recipes/copy/sweep.py --preset tiny --seeds 1 --out {tmp_path}`" in table
     assert sweep.format_paper_bleu(100.0) == "100.00" and sweep.format_paper_bleu("") == ""
 
 

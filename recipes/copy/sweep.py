@@ -449,6 +449,9 @@ def main(argv=None):
                         help="training seeds (default: 1..the preset's count); the first selects the scoring")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs trained at once (e.g. one per core, each with OMP_NUM_THREADS=1)")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="train nothing: rewrite the tables and figures from the runs finished under "
+                             "--out (e.g. after parts of the grid ran with narrower --models or --lengths)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} (must be >= 1)")
@@ -463,7 +466,9 @@ def main(argv=None):
     models = [m for m in MODELS if m in args.models]
     scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
     os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["python", "recipes/copy/sweep.py", *(sys.argv[1:] if argv is None else argv)])
+    # The tables name the sweep that trains them, not the call that only rewrote them.
+    command = shlex.join(["python", "recipes/copy/sweep.py",
+                          *(a for a in (sys.argv[1:] if argv is None else argv) if a != "--tables-only")])
     train_args = preset["train"]
     cap = int(train_args[train_args.index("--max-update") + 1])
 
@@ -491,7 +496,7 @@ def main(argv=None):
         write_figures(args.out, results, screens, lengths, models, preset["fig3b_k"], preset["screen"])
 
     runs = run_order(lengths, models, seeds, preset["fig3b_k"], scorings)
-    run_all(runs, args.jobs, execute, record, scorings, done=done,
+    run_all(runs, 0 if args.tables_only else args.jobs, execute, record, scorings, done=done,
             choose=lambda length, model: choose_scoring(screens, length, model))
     print(open(os.path.join(args.out, "table.md")).read())
 
@@ -502,7 +507,7 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
     combination of `scorings`, then takes choose(L, model). execute(run) trains (and scores)
     (False: failed); record(run) reads a finished run. Runs done already are recorded first,
     wherever they are in the order (so the tables show every finished run from the start), and
-    not run again."""
+    not run again; with jobs = 0 nothing else is."""
     pending, ended = list(runs), set()
     waiting = object()
 
@@ -539,6 +544,8 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
 
     for run in list(pending):  # in order: a row's screens come before its chosen runs
         take(run, only_done=True)
+    if jobs == 0:
+        return
     with ThreadPoolExecutor(jobs) as pool:
         running = {}
         while pending or running:
