@@ -25,4 +25,6 @@ fairseq-generate "${TASK[@]}" --path "$OUT/checkpoint_best.pt" --gen-subset test
   --min-len 0 --batch-size 64 --required-batch-size-multiple 1 \
   > "$OUT/generate.test.txt" 2> "$OUT/generate.log"
 grep -E "Translated" "$OUT/generate.log" | sed -E 's/.*INFO[^ ]* //' || true
-python -m fairseq_memattn.score "$OUT/generate.test.txt" --json | tee "$OUT/score.json"
+# score.json marks the run done (the sweep driver skips it): written whole or not at all.
+python -m fairseq_memattn.score "$OUT/generate.test.txt" --json > "$OUT/score.json.partial"
+mv "$OUT/score.json.partial" "$OUT/score.json" && cat "$OUT/score.json"
