@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Quality on real data at an equal CPU budget: memory attention against its peers on the
-offline en-fr Bible corpus (public-domain translations, split by book; ../shared/corpora/bible.py).
+offline en-fr Bible corpus (public-domain translations, split by book; recipes/bible/corpus.py).
 
-    python ../shared/corpora/bible.py data/bible/raw                       # 29,518 / 1,151 / 433 verses
+    python recipes/bible/corpus.py data/bible/raw                       # 29,518 / 1,151 / 433 verses
     python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir data/bible/raw --out data/bible/en-fr \\
         --vocab-size 8000                                                   # joint sentencepiece BPE
     OMP_NUM_THREADS=1 python recipes/bible/compare.py train transformer_memattn --data data/bible/en-fr
@@ -129,7 +129,7 @@ def write_table(out, rows):
              "Test split (Romans), beam 5, sacreBLEU on detokenised text (`wmt17_run evaluate`); the "
              "checkpoint with the best validation loss. Made by, one model at a time (the exact "
              "fairseq-train command heads each MODEL/train.log):", "", "```bash",
-             "python ../shared/corpora/bible.py RAW",
+             "python recipes/bible/corpus.py RAW",
              "python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir RAW --out DATA --vocab-size 8000",
              "OMP_NUM_THREADS=1 python recipes/bible/compare.py train MODEL --data DATA --max-update N",
              "python recipes/bible/compare.py report --data DATA", "```"]
