@@ -114,7 +114,7 @@ def dictionary():
 def own_pair_recipe(tmp_path_factory):
     """recipes/wmt17 on a user's own corpus of a pair the WMT'17 download does not
     have (toy en-fr, see wmt17_toy.py): prepare --raw-dir, train, evaluate.
-    Trained once per session for test_wmt17 and test_hub."""
+    Trained once per pytest run for test_wmt17 and test_hub."""
     import wmt17_toy
 
     return wmt17_toy.prepare_train_evaluate(tmp_path_factory.mktemp("own-pair"), "en-fr")

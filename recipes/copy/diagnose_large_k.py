@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Why does softmax/softmax memory attention fail at large K on the copy task (issue 15)?
+"""Why does softmax/softmax memory attention fail at large K on the copy task?
 
     OMP_NUM_THREADS=1 python recipes/copy/diagnose_large_k.py --out results/copy/large_k_diagnosis.csv
 

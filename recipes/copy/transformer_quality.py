@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Copy task, Transformers: `transformer_memattn` against fairseq's `transformer` of the same size
-at an equal budget (issue 14's quality check).
+at an equal budget.
 
     OMP_NUM_THREADS=1 python recipes/copy/transformer_quality.py --out results/copy/transformer
 

@@ -15,7 +15,7 @@ Also reported: the bytes each beam hypothesis keeps cached for attention (what `
 holds after beam expansion, which SequenceGenerator reorders at every step) and training
 throughput (target tokens/s, forward + backward + Adam step) with and without input feeding.
 
-Writes OUT/decode.csv, OUT/train.csv, OUT/speed.md (tables and the targets of issue 4) and
+Writes OUT/decode.csv, OUT/train.csv, OUT/speed.md (tables and the speed targets) and
 OUT/decode_time.png; a finished cell already in OUT/decode.csv is not measured again.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tables and plot from benchmark.py's CSVs: `python recipes/speed/report.py OUT_DIR`.
 
-Writes OUT/speed.md (decode time, cached bytes, training throughput, issue 4's targets, the
+Writes OUT/speed.md (decode time, cached bytes, training throughput, the speed targets, the
 paper's Table 1 times) and OUT/decode_time.png (ms per decoder step vs source length).
 """
 
@@ -50,7 +50,7 @@ def fmt(x, digits=2):
 
 
 def targets(decode, train_rows):
-    """Issue 4's targets as (target, measured, met) rows."""
+    """The speed targets as (target, measured, met) rows."""
     seconds, _, lengths = grid(decode, lambda r: float(r["seconds"]))
     per_step, _, _ = grid(decode, lambda r: float(r["ms_per_step"]))
     get = lambda table, model, L: table.get(model, {}).get(L)  # noqa: E731
@@ -117,7 +117,7 @@ def write_report(out, command):
         parts += [f"### Training: target tokens/s (batch {train_rows[0]['batch']}, forward + backward "
                   "+ Adam)", "", markdown_table(["model", "input feeding",
                                                  *[f"L={L}" for L in train_lengths]], body), ""]
-    parts += ["### Issue 4 targets", "", markdown_table(["target", "measured", "met"],
+    parts += ["### Targets", "", markdown_table(["target", "measured", "met"],
                                                          targets(decode, train_rows)), ""]
     with open(os.path.join(out, "speed.md"), "w") as f:
         f.write("\n".join(parts))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Decoding and training speed of transformer_memattn against fairseq's `transformer` of the same
-size (issue 14). The full grid, as run for results/speed/transformer.md:
+size. The full grid, as run for results/speed/transformer.md:
 
     OMP_NUM_THREADS=1 python recipes/speed/transformer_decode.py --source-lens 50 200 800 2000 \\
         --target-len 50 --copy-lens 50 200 800 --sources 20 --beam 5 --repeats 3 \\
@@ -26,7 +26,7 @@ Training: target tokens/s of forward + backward + Adam step with fairseq's cross
 one copy batch of --sources sources of --train-len symbols (|T| = |S|), median of --train-steps steps
 after one warm-up step.
 
-Prints markdown: the tables, then the issue's targets (met / missed, with the measured values); with
+Prints markdown: the tables, then the speed targets (met / missed, with the measured values); with
 --profile-missed, a torch.profiler summary (top ops by self CPU time, and the decoder's ms per step as
 the profiler saw it) of the cells and models each missed target compares.
 """
