@@ -8,12 +8,18 @@ Takes fairseq-generate's options (task and data, --path, --beam, ...), decodes o
 --gen-subset (or a --sentence) with fairseq's SequenceGenerator and draws, with source tokens on
 the y axis and hypothesis tokens on the x axis:
 
-* the alignment the model returns while decoding: for memory attention beta x alpha^T, "we
-  multiply the attention scores alpha and beta from the encoder and decoder" (Sec. 5; Figs. 6
-  and 8 right); for standard attention its attention matrix (Eq. 2);
-* for memory attention, which context C_k carries each cell, one colour per k, intensity the
-  combined weight (Figs. 7 and 8 left), and one small panel per k with C_k's share
-  beta_tk * alpha_sk (Eq. 4-7), which sum over k to the alignment.
+* the alignment: for memory attention beta x alpha^T, "we multiply the attention scores alpha
+  and beta from the encoder and decoder" (Sec. 5; Figs. 6 and 8 right); for standard attention
+  the attention matrix the model returns while decoding (Eq. 2);
+* for memory attention, its two factors: the write weights alpha (S x K, Eq. 5) of each memory
+  and the read's weights beta (K x T: Eq. 7 for the LSTM and the Transformer's mix read, a
+  head's attention over the K rows, or their mean, for its attention read); which context C_k
+  carries each cell, one colour per k, intensity the combined weight (Figs. 7 and 8 left); and
+  one small panel per k with C_k's share beta_tk * alpha_sk (Eq. 4-7), which sum over k to the
+  alignment.
+
+A transformer_memattn decoder reads the memory in every layer: --layer and --head choose the
+read plotted; by default the one fairseq's alignments use (the last layer, mean over heads).
 
 Several checkpoints (--path a.pt:b.pt:...) are decoded one by one, not as an ensemble, and set
 side by side (Fig. 6's four scoring functions). The file type follows --output's extension.
@@ -24,13 +30,13 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 import torch
 
-from .modules.attention import MemoryAttention, NoAttention
+from .modules.attention import MemoryAttention, MemoryWrite, NoAttention
 
 logger = logging.getLogger("fairseq_memattn.plot")
 
@@ -38,6 +44,7 @@ PROG = "python -m fairseq_memattn.plot"
 CELL_INCHES = 0.2  # side of one token's cell in the main panels
 MAIN_PANEL_INCHES = (2.5, 11.0)  # smallest and largest side of a main panel
 CONTEXT_PANEL_INCHES = (1.1, 2.2)
+FACTOR_PANEL_INCHES = (1.0, 3.0)  # K side of the alpha and read panels
 CONTEXT_GRID_COLUMNS = 8
 
 
@@ -52,8 +59,20 @@ class Alignment:
     label: str
     source: List[str]  # source tokens as the model saw them, </s> included
     target: List[str]  # best hypothesis, </s> included
-    weights: np.ndarray  # S x T: the model's alignment, returned during beam search
+    weights: np.ndarray  # S x T: the alignment (memory attention: beta alpha^T of the plotted read)
     contributions: Optional[np.ndarray] = None  # K x S x T: beta_tk * alpha_sk (memory attention)
+    alphas: List[np.ndarray] = field(default_factory=list)  # per memory, S x K: the write (Eq. 5)
+    read: Optional[np.ndarray] = None  # K x T: the plotted read's weights over the K rows (Eq. 7)
+    read_name: str = ""  # which read is plotted, e.g. "layer 1 (last), mean of 4 heads"
+    memory_index: int = 0  # which of ``alphas`` the plotted read reads
+
+
+@dataclass
+class ReadChoice:
+    """--layer and --head: which Transformer read to plot (None: fairseq's alignment)."""
+
+    layer: Optional[int] = None
+    head: Optional[int] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,19 +80,45 @@ class Alignment:
 
 
 def attention_of(model):
-    """The plugin's attention module, or None for other fairseq models."""
+    """The LSTM's attention module, or None for other fairseq models."""
     return getattr(getattr(model, "encoder", None), "attention", None)
 
 
-def describe(model) -> str:
-    """A short title for a model: its attention and, for memory attention, K and the scores."""
+def memory_writers(model) -> List[MemoryWrite]:
+    """The modules that write the memories (Eq. 4-5): the LSTM's memory attention, or the
+    Transformer encoder's writers (one, or one per decoder layer); [] for other models."""
     attention = attention_of(model)
     if isinstance(attention, MemoryAttention):
-        return (f"memory attention K={attention.num_contexts}, "
-                f"{attention.encoder_score}/{attention.decoder_score}")
+        return [attention]
+    writers = getattr(getattr(model, "encoder", None), "writers", None)
+    return list(writers) if writers is not None else []
+
+
+def is_memory_transformer(model) -> bool:
+    return not isinstance(attention_of(model), MemoryAttention) and bool(memory_writers(model))
+
+
+def read_mode(read) -> str:
+    """A Transformer layer's read: "mix" (Eq. 6-7, W_beta h) or "attention" (multi-head)."""
+    return "mix" if hasattr(read, "W_beta") else "attention"
+
+
+def describe(model, arch: Optional[str] = None) -> str:
+    """A title for a model: its architecture, its attention and, for memory attention, K and
+    the scores (LSTM) or the read (Transformer)."""
+    name = arch or type(model).__name__
+    attention = attention_of(model)
+    if isinstance(attention, MemoryAttention):
+        return (f"{name}: memory attention K={attention.num_contexts}, "
+                f"{attention.encoder_score}/{attention.decoder_score} scores")
+    writers = memory_writers(model)
+    if writers:
+        per_layer = f", {len(writers)} memories (one per layer)" if len(writers) > 1 else ""
+        return (f"{name}: memory K={writers[0].num_contexts}, "
+                f"{read_mode(model.decoder.layers[0].encoder_attn)} read{per_layer}")
     if attention is not None:
-        return type(attention).__name__.replace("Attention", " attention").strip().lower()
-    return type(model).__name__
+        return f"{name}: " + type(attention).__name__.replace("Attention", " attention").strip().lower()
+    return name
 
 
 def check_has_attention(model, path: str) -> None:
@@ -84,47 +129,103 @@ def check_has_attention(model, path: str) -> None:
         )
 
 
-def memory_contributions(model, net_input, hypothesis: torch.Tensor) -> np.ndarray:
-    """beta_tk * alpha_sk for the given hypothesis: K x S x T.
+def check_read_choice(model, path: str, choice: ReadChoice) -> None:
+    """--layer / --head must name a read the model has (heads are checked once read)."""
+    if choice.layer is None and choice.head is None:
+        return
+    if not is_memory_transformer(model):
+        raise PlotError(f"--layer/--head choose a read of a transformer_memattn decoder layer; "
+                        f"{path} has a single attention ({describe(model)})")
+    layers = len(model.decoder.layers)
+    if choice.layer is not None and not 0 <= choice.layer < layers:
+        raise PlotError(f"--layer {choice.layer} is out of range: {path} has decoder layers "
+                        f"0..{layers - 1}")
 
-    alpha (Eq. 5) comes from the encoder's memory (kept because need_attn is on); beta (Eq. 7)
-    from the decoder states of a teacher-forced pass over the hypothesis, caught on their way
-    into W_beta. In eval mode this pass equals incremental decoding step by step.
-    """
-    attention: MemoryAttention = model.encoder.attention
+
+def teacher_forced_input(model, hypothesis: torch.Tensor) -> torch.Tensor:
+    """The decoder's input for a hypothesis: EOS (fairseq's BOS) then the tokens but the last."""
     eos = hypothesis.new_full((1,), model.decoder.dictionary.eos())
-    prev_output_tokens = torch.cat([eos, hypothesis[:-1]]).unsqueeze(0)
-    queries = []
-    hook = attention.W_beta.register_forward_hook(lambda _, inputs, __: queries.append(inputs[0]))
+    return torch.cat([eos, hypothesis[:-1]]).unsqueeze(0)
+
+
+def capture_inputs(module, store: list, keyword: str):
+    """A forward pre-hook appending the tensor ``module`` is called with (positional or
+    ``keyword``) to ``store``; returns the handle."""
+    def hook(_, args, kwargs):
+        store.append(kwargs[keyword] if keyword in kwargs else args[0])
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoice):
+    """(alphas, read, memory index, read name) for one source and its hypothesis.
+
+    One teacher-forced pass of the model (in eval mode the same as incremental decoding) over
+    the hypothesis, with hooks catching what the memories are written from (the input of
+    each W_alpha: the encoder's final states) and what the plotted read is queried with (the
+    LSTM's decoder states on their way into W_beta; the Transformer layer's input to its
+    encoder-attention). The weights are then recomputed from those with the model's own
+    modules: alpha (S x K) and C by the write (Eq. 4-5), the read's weights (T x K) by Eq. 7
+    (LSTM, mix read) or the layer's multi-head attention over the K rows of C.
+    """
+    writers = memory_writers(model)
+    transformer = is_memory_transformer(model)
+    layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
+    read = model.decoder.layers[layer].encoder_attn if transformer else writers[0].W_beta
+    states, queries = [[] for _ in writers], []
+    hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
+    hooks.append(capture_inputs(read, queries, "query" if transformer else "input"))
     try:
         encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
-        model.decoder(prev_output_tokens, encoder_out)
+        model.decoder(teacher_forced_input(model, hypothesis), encoder_out)
     finally:
-        hook.remove()
-    alpha = encoder_out["memory"]["alpha"][0]  # S x K
-    beta = attention.decoder_scores(torch.cat(queries, dim=1))[0]  # T x K
-    return torch.einsum("sk,tk->kst", alpha, beta).float().cpu().numpy()
+        for hook in hooks:
+            hook.remove()
+    written = []
+    for writer, (source_states, *_) in zip(writers, states):
+        no_padding = torch.zeros(source_states.shape[:2], dtype=torch.bool, device=source_states.device)
+        written.append(writer.write(source_states, no_padding))  # (C, alpha): one example, no padding
+    alphas = [alpha[0].float() for _, alpha in written]
+    if not transformer:  # the LSTM's W_beta is called once per decoder step
+        beta = writers[0].decoder_scores(torch.cat(queries, dim=1))[0]  # T x K (Eq. 7)
+        return alphas, beta.float(), 0, ""
+    memory_index = layer if len(writers) > 1 else 0  # --memory-per-layer: layer l reads memory l
+    contexts = written[memory_index][0]
+    query = queries[0].transpose(0, 1)  # T x 1 x D -> 1 x T x D
+    _, weights = read.read(query, read.project_memory(contexts.to(query.dtype)))  # 1 x H x T x K
+    heads = weights.size(1)
+    if choice.head is not None and not 0 <= choice.head < heads:
+        raise PlotError(f"--head {choice.head} is out of range: layer {layer}'s "
+                        f"{read_mode(read)} read has heads 0..{heads - 1}")
+    last = " (last)" if layer == len(model.decoder.layers) - 1 else ""
+    name = f"layer {layer}{last}"
+    if heads > 1:
+        name += f", mean of {heads} heads" if choice.head is None else f", head {choice.head} of 0..{heads - 1}"
+    chosen = weights[0].mean(dim=0) if choice.head is None else weights[0, choice.head]
+    return alphas, chosen.float(), memory_index, name
 
 
-def decode(model, task, generation_cfg, sample, label: str) -> Alignment:
+def decode(model, task, generation_cfg, sample, label: str,
+           choice: Optional[ReadChoice] = None) -> Alignment:
     """Beam search as fairseq-generate runs it; the best hypothesis and its alignment."""
     generator = task.build_generator([model], generation_cfg)
     hypo = task.inference_step(generator, [model], sample)[0][0]
-    if hypo.get("attention") is None or hypo["attention"].numel() == 0:
-        raise PlotError(f"{label}: the model returned no attention while decoding")
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_tokens = sample["net_input"]["src_tokens"][0]
-    alignment = Alignment(
-        label=label,
-        source=[src_dict[i] for i in src_tokens.tolist()],
-        target=[tgt_dict[i] for i in hypo["tokens"].tolist()],
-        weights=hypo["attention"].float().cpu().numpy(),
-    )
-    if isinstance(attention_of(model), MemoryAttention):
+    source = [src_dict[i] for i in src_tokens.tolist()]
+    target = [tgt_dict[i] for i in hypo["tokens"].tolist()]
+    if memory_writers(model):
         with torch.no_grad():
-            alignment.contributions = memory_contributions(
-                model, sample["net_input"], hypo["tokens"])
-    return alignment
+            alphas, read, memory_index, read_name = memory_weights(
+                model, sample["net_input"], hypo["tokens"], choice or ReadChoice())
+        alpha = alphas[memory_index]
+        contributions = torch.einsum("sk,tk->kst", alpha, read)  # Sec. 5: beta alpha^T by k
+        return Alignment(label, source, target, weights=contributions.sum(0).cpu().numpy(),
+                         contributions=contributions.cpu().numpy(),
+                         alphas=[a.cpu().numpy() for a in alphas], read=read.T.cpu().numpy(),
+                         read_name=read_name, memory_index=memory_index)
+    if hypo.get("attention") is None or hypo["attention"].numel() == 0:
+        raise PlotError(f"{label}: the model returned no attention while decoding")
+    return Alignment(label, source, target, weights=hypo["attention"].float().cpu().numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,19 +255,29 @@ def dominant_context_image(contributions: np.ndarray, colours: np.ndarray) -> np
     return 1.0 - strength[..., None] * (1.0 - colour)
 
 
-def label_axes(ax, source: List[str], target: List[str], max_ticks: int, fontsize=7) -> None:
-    """Token ticks, every n-th one when there are more than max_ticks."""
-    for tokens, set_ticks, set_labels, rotation in (
-        (target, ax.set_xticks, ax.set_xticklabels, 90),
-        (source, ax.set_yticks, ax.set_yticklabels, 0),
-    ):
-        step = max(1, math.ceil(len(tokens) / max_ticks))
-        positions = list(range(0, len(tokens), step))
-        set_ticks(positions)
-        set_labels([tokens[i] for i in positions], fontsize=fontsize, rotation=rotation)
+def label_axis(ax, axis: str, tokens: List[str], name: str, max_ticks: int, fontsize=7) -> None:
+    """Token (or context) ticks on one axis, every n-th one when there are more than max_ticks."""
+    step = max(1, math.ceil(len(tokens) / max_ticks))
+    positions = list(range(0, len(tokens), step))
+    labels = [tokens[i] for i in positions]
+    if axis == "x":
+        ax.set_xticks(positions)
+        ax.set_xticklabels(labels, fontsize=fontsize, rotation=90)
+        ax.set_xlabel(name, fontsize=fontsize)
+    else:
+        ax.set_yticks(positions)
+        ax.set_yticklabels(labels, fontsize=fontsize)
+        ax.set_ylabel(name, fontsize=fontsize)
     ax.tick_params(length=2, pad=1)
-    ax.set_xlabel("hypothesis tokens", fontsize=fontsize)
-    ax.set_ylabel("source tokens", fontsize=fontsize)
+
+
+def label_axes(ax, source: List[str], target: List[str], max_ticks: int, fontsize=7) -> None:
+    label_axis(ax, "x", target, "hypothesis tokens", max_ticks, fontsize)
+    label_axis(ax, "y", source, "source tokens", max_ticks, fontsize)
+
+
+def context_names(num_contexts: int) -> List[str]:
+    return [str(k + 1) for k in range(num_contexts)]
 
 
 def panel_size(length: int) -> float:
@@ -233,23 +344,61 @@ def draw_context_grid(subfig, alignment: Alignment, aspect: float) -> None:
     subfig.suptitle(r"each context's share $\beta_{tk}\,\alpha_{sk}$ (common scale)", fontsize=8)
 
 
+def factor_size(num_contexts: int) -> float:
+    """Inches for the K side of the alpha and read panels."""
+    return float(np.clip(num_contexts * CELL_INCHES, *FACTOR_PANEL_INCHES))
+
+
+def alignment_title(alignment: Alignment) -> str:
+    read = f" ({alignment.read_name})" if alignment.read_name else ""
+    return r"alignment $\beta\alpha^\top$" + read
+
+
+def draw_weights(fig, ax, weights: np.ndarray, gid: str, title: str) -> None:
+    """A heat map of weights in [0, 1] (alpha, the read's weights)."""
+    image = ax.imshow(weights, cmap="Greys", vmin=0.0, aspect="auto", interpolation="nearest")
+    ax.set_gid(gid)
+    ax.set_title(title, fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
+
+
 def draw_single_memory(alignment: Alignment, max_ticks: int):
-    """Fig. 8's layout: dominant contexts left, alignment right, the per-context grid below."""
+    """Fig. 8's panels, laid out as the product they show: alpha of each memory (S x K, the
+    write of Eq. 5) left of the alignment, the read's weights (K x T) above it, so that
+    alignment = alpha x read; the dominant contexts right of it; the per-context grid below."""
     from matplotlib.figure import Figure
 
     width, height = panel_size(len(alignment.target)), panel_size(len(alignment.source))
     num_contexts = alignment.contributions.shape[0]
+    num_memories = len(alignment.alphas)
+    factor = factor_size(num_contexts)
     columns = min(num_contexts, CONTEXT_GRID_COLUMNS)
     small_width = float(np.clip(width / 3, *CONTEXT_PANEL_INCHES))
     small_height = float(np.clip(height / 3, *CONTEXT_PANEL_INCHES))
-    top_height = height + 1.4
+    top_height = factor + height + 2.4
     grid_height = math.ceil(num_contexts / columns) * (small_height + 0.35) + 0.3
-    fig_width = max(2 * (width + 1.2), columns * (small_width + 0.2))
+    fig_width = max(num_memories * (factor + 1.4) + 2 * (width + 1.2), columns * (small_width + 0.2))
     fig = Figure(figsize=(fig_width, top_height + grid_height), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[top_height, grid_height])
-    left, right = top.subplots(1, 2)
-    draw_dominant_contexts(top, left, alignment, max_ticks, r"dominant context $C_k$ per cell")
-    draw_alignment(top, right, alignment, max_ticks, r"alignment $\beta\alpha^\top$")
+    grid = top.add_gridspec(2, num_memories + 2, height_ratios=[factor, height],
+                            width_ratios=[factor] * num_memories + [width, width])
+    contexts = context_names(num_contexts)
+    for m, alpha in enumerate(alignment.alphas):
+        ax = top.add_subplot(grid[1, m])
+        which = f", memory {m}" if num_memories > 1 else ""
+        plotted = " (read)" if num_memories > 1 and m == alignment.memory_index else ""
+        draw_weights(top, ax, alpha, f"alpha-{m}", rf"write $\alpha${which}{plotted}")
+        label_axis(ax, "x", contexts, "context k", max_ticks)
+        label_axis(ax, "y", alignment.source, "source tokens" if m == 0 else "", max_ticks)
+    ax = top.add_subplot(grid[0, num_memories])
+    read_name = f": {alignment.read_name}" if alignment.read_name else ""
+    draw_weights(top, ax, alignment.read, "read", rf"read $\beta${read_name}")
+    label_axis(ax, "y", contexts, "context k", max_ticks)
+    ax.set_xticks([])
+    draw_alignment(top, top.add_subplot(grid[1, num_memories]), alignment, max_ticks,
+                   alignment_title(alignment))
+    draw_dominant_contexts(top, top.add_subplot(grid[1, num_memories + 1]), alignment, max_ticks,
+                           r"dominant context $C_k$ per cell")
     top.suptitle(alignment.label, fontsize=9)
     draw_context_grid(bottom, alignment, aspect=small_height / small_width)
     return fig
@@ -267,7 +416,7 @@ def draw_columns(alignments: List[Alignment], max_ticks: int):
     axes = fig.subplots(rows, len(alignments), width_ratios=widths, squeeze=False)
     for column, alignment in enumerate(alignments):
         is_memory = alignment.contributions is not None
-        kind = "alignment $\\beta\\alpha^\\top$" if is_memory else "attention weights"
+        kind = alignment_title(alignment) if is_memory else "attention weights"
         title = f"{alignment.label}\n{kind}"
         draw_alignment(fig, axes[0, column], alignment, max_ticks, title)
         if rows == 2 and is_memory:
@@ -275,7 +424,7 @@ def draw_columns(alignments: List[Alignment], max_ticks: int):
                                    r"dominant context $C_k$")
         elif rows == 2:
             axes[1, column].set_axis_off()
-            axes[1, column].text(0.5, 0.5, "no memory contexts\n(standard attention)",
+            axes[1, column].text(0.5, 0.5, "no memory contexts\n(attention over the states)",
                                  ha="center", va="center", fontsize=8, color="0.4")
     return fig
 
@@ -325,6 +474,12 @@ def build_parser():
                        help="column titles, one per --path checkpoint (default: from each model)")
     group.add_argument("--max-ticks", type=int, default=40, metavar="N",
                        help="label at most N tokens per axis (every n-th beyond that)")
+    group.add_argument("--layer", type=int, metavar="L",
+                       help="transformer_memattn: the decoder layer whose read is plotted, 0-based "
+                            "(default: the last, fairseq's alignment layer)")
+    group.add_argument("--head", type=int, metavar="H",
+                       help="transformer_memattn with the attention read: the head plotted, 0-based "
+                            "(default: the mean over heads, as fairseq's alignments)")
     group.add_argument("--dpi", type=int, default=150, metavar="N")
     return parser
 
@@ -400,6 +555,7 @@ def run(args) -> List[Alignment]:
     if not paths:
         raise PlotError("--path: give the checkpoint(s) to plot")
     labels = check_arguments(args, paths)
+    choice = ReadChoice(args.layer, args.head)
     use_cuda = torch.cuda.is_available() and not cfg.common.cpu
     task = tasks.setup_task(cfg.task)
     sample = load_sample(cfg, args, task)
@@ -413,10 +569,13 @@ def run(args) -> List[Alignment]:
         model = models[0]
         warn_task_mismatch(cfg.task, getattr(saved_cfg, "task", None), path)
         check_has_attention(model, path)
+        check_read_choice(model, path, choice)
         if use_cuda:
             model.cuda()
         model.make_generation_fast_(need_attn=True)  # what --print-alignment does
-        alignments.append(decode(model, task, cfg.generation, sample, label or describe(model)))
+        arch = getattr(getattr(saved_cfg, "model", None), "arch", None)
+        alignments.append(decode(model, task, cfg.generation, sample,
+                                 label or describe(model, arch), choice))
     return alignments
 
 

@@ -3,6 +3,7 @@ written and not blank, what it shows is the model's own alignment (and fairseq-g
 bad input stops with a clear message and no image."""
 
 import os
+import math
 import re
 import subprocess
 import sys
@@ -26,9 +27,15 @@ def environment():
     return {**os.environ, "PYTHONPATH": REPO}
 
 
-def train(save_dir, arch, updates, *extra):
+TRANSFORMER_SIZES = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+                     "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+                     "--encoder-layers", "1", "--decoder-layers", "2", "--encoder-attention-heads", "2",
+                     "--decoder-attention-heads", "2", "--memory-k", "4", "--dropout", "0"]
+
+
+def train(save_dir, arch, updates, *extra, sizes=SIZES):
     result = subprocess.run(
-        [os.path.join(BIN, "fairseq-train"), "--user-dir", PLUGIN_DIR, *TASK, *SIZES,
+        [os.path.join(BIN, "fairseq-train"), "--user-dir", PLUGIN_DIR, *TASK, *sizes,
          "--arch", arch, *extra, "--optimizer", "adam", "--lr", "1e-2", "--clip-norm", "1",
          "--batch-size", "32", "--max-update", str(updates), "--seed", "1", "--cpu",
          "--no-progress-bar", "--no-epoch-checkpoints", "--no-last-checkpoints",
@@ -45,6 +52,11 @@ def checkpoints(tmp_path_factory):
         "memory": train(root / "memory", "lstm_memattn", 150, "--memory-k", "4"),
         "additive": train(root / "additive", "lstm_att", 30),
         "none": train(root / "none", "lstm_noatt", 1),
+        "transformer": train(root / "transformer", "transformer_memattn", 60,
+                             sizes=TRANSFORMER_SIZES),
+        "transformer_mix": train(root / "transformer_mix", "transformer_memattn", 30,
+                                 "--memory-read", "mix", "--memory-per-layer",
+                                 sizes=TRANSFORMER_SIZES),
     }
 
 
@@ -141,6 +153,137 @@ def test_plotted_alignment_is_the_models_alignment(checkpoints):
                                                  .images[0].get_array()), contributions[k])
 
 
+def load_model(path):
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    return models[0].eval(), task
+
+
+def transformer_inputs(model, task, alignment, layer):
+    """For the plotted example: the encoder's final states (fairseq's own encoder layers, S x d)
+    and the input of decoder layer ``layer`` to its memory read (T x D)."""
+    from fairseq.models.transformer import TransformerEncoderBase
+
+    d = task.source_dictionary
+    src = torch.tensor([[d.index(t) for t in alignment.source]])
+    lengths = torch.tensor([src.size(1)])
+    prev = torch.tensor([[d.eos()] + [d.index(t) for t in alignment.target[:-1]]])
+    queries = []
+    hook = model.decoder.layers[layer].encoder_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: queries.append(kwargs["query"]), with_kwargs=True)
+    with torch.no_grad():
+        states = TransformerEncoderBase.forward_scriptable(model.encoder, src, lengths)
+        model.decoder(prev, model.encoder(src, lengths))
+    hook.remove()
+    return states["encoder_out"][0][:, 0].double().numpy(), queries[0][:, 0].double().numpy()
+
+
+def softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def write_weights(writer, states):
+    """alpha (S x K): Eq. 5's scores W_alpha s_t plus the position window, softmax over the
+    writer's axis, written out with loops."""
+    assert writer.encoder_score == "softmax" and writer.position_encoding_max_len is None
+    weight = writer.W_alpha.weight.detach().double().numpy()
+    length, contexts = len(states), writer.num_contexts
+    scores = np.zeros((length, contexts))
+    for s in range(length):
+        for k in range(contexts):
+            scores[s, k] = weight[k] @ states[s]
+            if writer.window_log_width is not None:
+                r, c = (s + 0.5) / length, (k + 0.5) / contexts
+                width = math.exp(float(writer.window_log_width[k].detach()))
+                scores[s, k] -= 0.5 * ((r - c) / width) ** 2
+    return softmax(scores, axis=0 if writer.encoder_normalize == "time" else 1)
+
+
+def attention_read_weights(read, contexts, query):
+    """Each head's softmax(q_h k_h^T / sqrt(d_h)) over the K rows of C: H x T x K."""
+    def project(linear, x):
+        return x @ linear.weight.detach().double().numpy().T + linear.bias.detach().double().numpy()
+
+    q, k = project(read.q_proj, query), project(read.k_proj, contexts)
+    head_dim = q.shape[1] // read.num_heads
+    return np.stack([softmax(q[:, h * head_dim:(h + 1) * head_dim] @ k[:, h * head_dim:(h + 1) * head_dim].T
+                             / math.sqrt(head_dim), axis=1) for h in range(read.num_heads)])
+
+
+def figure_texts(fig):
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+
+
+def image_of(fig, gid):
+    (ax,) = axes_with_gid(fig, gid)
+    return np.asarray(ax.images[0].get_array()), ax.get_title()
+
+
+@pytest.mark.parametrize("layer, head", [(None, None), (0, 1)])
+def test_transformer_plot_shows_alpha_the_read_and_their_product(checkpoints, layer, head):
+    path = checkpoints["transformer"]
+    options = [] if layer is None else ["--layer", str(layer), "--head", str(head)]
+    (alignment,) = decode(path, "--example-id", str(EXAMPLE), *options)
+    fig = plot.draw([alignment])
+    texts = figure_texts(fig)
+    assert "transformer_memattn: memory K=4, attention read" in texts
+    assert not any("standard attention" in t for t in texts)
+    expected_read = "layer 1 (last), mean of 2 heads" if layer is None else "layer 0, head 1 of 0..1"
+    alpha_shown, _ = image_of(fig, "alpha-0")
+    read_shown, read_title = image_of(fig, "read")
+    alignment_shown, alignment_title = image_of(fig, "alignment")
+    assert expected_read in read_title and expected_read in alignment_title
+    assert len(axes_with_gid(fig, "dominant-context")) == 1
+    assert [len(axes_with_gid(fig, f"context-{k}")) for k in range(1, 6)] == [1, 1, 1, 1, 0]
+
+    model, task = load_model(path)
+    states, query = transformer_inputs(model, task, alignment, 1 if layer is None else layer)
+    alpha = write_weights(model.encoder.writers[0], states)
+    heads = attention_read_weights(model.decoder.layers[1 if layer is None else layer].encoder_attn,
+                                   alpha.T @ states, query)
+    read = heads.mean(axis=0) if head is None else heads[head]  # T x K
+    np.testing.assert_allclose(alpha_shown, alpha, atol=1e-5)
+    np.testing.assert_allclose(read_shown, read.T, atol=1e-5)
+    np.testing.assert_allclose(alignment_shown, alpha @ read.T, atol=1e-5)  # Sec. 5: beta alpha^T
+    np.testing.assert_allclose(alignment.contributions.sum(axis=0), alignment_shown, atol=1e-6)
+    if layer is None:  # what the model itself returns as its alignment
+        np.testing.assert_allclose(alignment_shown, soft_alignment_from_fairseq_generate(
+            path, EXAMPLE).T, atol=1e-4)
+
+
+def test_transformer_mix_read_with_a_memory_per_layer(checkpoints, tmp_path):
+    path = checkpoints["transformer_mix"]
+    output = tmp_path / "figure.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_memattn.plot",
+         *plot_args(path, output, "--example-id", str(EXAMPLE), "--layer", "0")],
+        env=environment(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transformer_memattn: memory K=4, mix read, 2 memories (one per layer)" in result.stdout
+    assert output.stat().st_size > 10000
+
+    (alignment,) = decode(path, "--example-id", str(EXAMPLE), "--layer", "0")
+    fig = plot.draw([alignment])
+    model, task = load_model(path)
+    states, query = transformer_inputs(model, task, alignment, 0)
+    for m in range(2):
+        alpha_shown, title = image_of(fig, f"alpha-{m}")
+        np.testing.assert_allclose(alpha_shown, write_weights(model.encoder.writers[m], states),
+                                   atol=1e-5)
+        assert title.endswith("(read)") == (m == 0)
+    W_beta = model.decoder.layers[0].encoder_attn.W_beta.weight.detach().double().numpy()
+    beta = softmax(query @ W_beta.T, axis=1)  # Eq. 7, T x K
+    read_shown, read_title = image_of(fig, "read")
+    assert read_title.endswith("layer 0")
+    np.testing.assert_allclose(read_shown, beta.T, atol=1e-5)
+    np.testing.assert_allclose(image_of(fig, "alignment")[0], image_of(fig, "alpha-0")[0] @ beta.T,
+                               atol=1e-5)
+
+
 def test_comparison_side_by_side_and_sentence_input(checkpoints, tmp_path):
     both = f"{checkpoints['memory']}:{checkpoints['additive']}"
     alignments = decode(both, "--sentence", "1 2 3 4", "--labels", "memory,standard")
@@ -164,16 +307,20 @@ def test_comparison_side_by_side_and_sentence_input(checkpoints, tmp_path):
 def test_long_sequences_thin_the_ticks_and_bound_the_size():
     rng = np.random.default_rng(0)
     source, target = [f"s{i}" for i in range(150)], [f"t{i}" for i in range(170)]
-    weights = rng.random((150, 170))
-    contributions = rng.random((32, 150, 170))
-    alignment = plot.Alignment("long", source, target, weights, contributions)
+    alpha, read = rng.random((150, 32)), rng.random((32, 170))
+    contributions = np.einsum("sk,kt->kst", alpha, read)
+    alignment = plot.Alignment("long", source, target, contributions.sum(axis=0), contributions,
+                               alphas=[alpha], read=read)
     fig = plot.draw([alignment], max_ticks=30)
     width, height = fig.get_size_inches()
-    assert width <= 2 * (plot.MAIN_PANEL_INCHES[1] + 1.2) and height < 25
+    main_panels = 2 * (plot.MAIN_PANEL_INCHES[1] + 1.2)
+    assert width <= main_panels + plot.FACTOR_PANEL_INCHES[1] + 1.4 and height < 30
     (ax,) = axes_with_gid(fig, "alignment")
     assert 25 <= len(ax.get_xticks()) <= 30 and 25 <= len(ax.get_yticks()) <= 30
     assert ax.get_xticklabels()[1].get_text() == "t6"  # every 6th of 170 tokens
     assert len([a for a in fig.get_axes() if (a.get_gid() or "").startswith("context-")]) == 32
+    (ax,) = axes_with_gid(fig, "alpha-0")
+    assert len(ax.get_xticks()) == 16 and len(ax.get_yticks()) == 30  # 32 contexts, 150 tokens
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -183,15 +330,21 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("negative", "--example-id -1 is out of range"),
     ("no_attention", "has no attention to plot"),
     ("bad_extension", "unknown image type 'bmpx'"),
+    ("layer_out_of_range", "--layer 2 is out of range: "),
+    ("head_out_of_range", "--head 2 is out of range: layer 1's attention read has heads 0..1"),
+    ("layer_of_an_lstm", "--layer/--head choose a read of a transformer_memattn decoder layer"),
 ])
 def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, capsys, case,
                                                       expected):
     output = tmp_path / ("figure.bmpx" if case == "bad_extension" else "figure.png")
-    path = {"missing": str(tmp_path / "nope.pt"), "no_attention": checkpoints["none"]}.get(
-        case, checkpoints["memory"])
+    path = {"missing": str(tmp_path / "nope.pt"), "no_attention": checkpoints["none"],
+            "layer_out_of_range": checkpoints["transformer"],
+            "head_out_of_range": checkpoints["transformer"]}.get(case, checkpoints["memory"])
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
+    read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
+            "layer_of_an_lstm": ["--layer", "0"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
-        plot.main(plot_args(path, output, "--example-id", example))
+        plot.main(plot_args(path, output, "--example-id", example, *read))
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"{plot.PROG}: error: " in error and expected in error, error
