@@ -1,0 +1,147 @@
+"""Export a checkpoint of this plugin to ONNX graphs for ONNX Runtime
+(``fairseq_memattn.deploy`` translates with them):
+
+    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8]
+
+OUT holds ``encoder.onnx`` (source -> what the decoder reads, projected once
+per source, and alpha of Eq. 4-5 for alignments), ``decoder.onnx`` (one
+decoder step with its recurrent state or self-attention cache as inputs and
+outputs), ``config.json``, the dictionaries and, when there is one, the
+sentencepiece model. ``--quantize int8``: ONNX Runtime's dynamic int8
+quantization of every matrix product with a constant weight.
+Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+FORMAT_VERSION = 1
+SUPPORTED = ("transformer_memattn (model memattn_transformer) and lstm_memattn "
+             "(model memattn_lstm) with --attention-type memory")
+
+
+class ExportError(ValueError):
+    """A checkpoint or option the export cannot handle; the message says which."""
+
+
+def _architecture(cfg) -> str:
+    model_cfg = cfg["model"]
+    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
+
+
+def load_checkpoint(path: str, data: str = None):
+    """(model in eval mode, task) from a fairseq checkpoint of this plugin, or ExportError."""
+    import fairseq_memattn  # noqa: F401  registers the models and tasks
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(path):
+        raise ExportError(f"checkpoint not found: {path}")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        cfg = state["cfg"]
+        arch = _architecture(cfg)
+    except Exception as error:
+        raise ExportError(f"cannot read {path} as a fairseq checkpoint "
+                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    from ..models.lstm_memattn import MemAttnLSTMModel
+    from ..models.transformer_memattn import MemAttnTransformerModel
+
+    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    if model_class not in (MemAttnTransformerModel, MemAttnLSTMModel):
+        raise ExportError(f"unsupported model {arch!r} in {path}: the export supports {SUPPORTED}")
+    if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
+        raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
+                          f"the export supports lstm_memattn with --attention-type memory only "
+                          f"(its decoder never reads the |S| encoder states)")
+    overrides = {"data": data} if data else None
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
+                                                                      state=state)
+    except (OSError, ValueError, FileNotFoundError) as error:
+        raise ExportError(f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
+                          f"pass --data DIR, the folder with its dictionaries")
+    model = models[0].float().eval()
+    return model, task
+
+
+def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
+           sentencepiece_model: str = None) -> dict:
+    """Write the graphs, config and dictionaries of ``checkpoint`` to ``out``; returns the config."""
+    try:
+        import onnx
+    except ImportError:
+        raise ExportError('the export needs onnx and onnxruntime: pip install "fairseq_memattn[deploy]"')
+    if quantize not in (None, "int8"):
+        raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
+    model, task = load_checkpoint(checkpoint, data)
+    from ..models.transformer_memattn import MemAttnTransformerModel
+
+    if isinstance(model, MemAttnTransformerModel):
+        from . import transformer as family
+    else:
+        from . import lstm as family
+    family.check_supported(model)
+    graphs, config = family.build(model)
+    os.makedirs(out, exist_ok=True)
+    for part, graph in graphs.items():
+        path = os.path.join(out, f"{part}.onnx")
+        onnx.save(graph.model(), path)
+        if quantize:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(path, path, weight_type=QuantType.QInt8)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    src_dict.save(os.path.join(out, "dict.source.txt"))
+    tgt_dict.save(os.path.join(out, "dict.target.txt"))
+    spm = sentencepiece_model or _data_sentencepiece(task)
+    if spm:
+        shutil.copyfile(spm, os.path.join(out, "spm.model"))
+    config.update({
+        "format": FORMAT_VERSION, "quantize": quantize,
+        "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
+        "source_pad": src_dict.pad(), "source_eos": src_dict.eos(),
+        "max_source_positions": int(model.max_positions()[0]),
+        "max_target_positions": int(model.max_decoder_positions()),
+    })
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    return config
+
+
+def _data_sentencepiece(task):
+    """spm.model in the task's data folder or the one above it (the WMT'17 recipe's layout)."""
+    data = getattr(getattr(task, "cfg", None), "data", None)
+    if not data:
+        return None
+    folder = os.path.abspath(data.split(os.pathsep)[0])
+    for candidate in (folder, os.path.dirname(folder)):
+        path = os.path.join(candidate, "spm.model")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="fairseq-memattn-export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
+    parser.add_argument("out", help="output folder")
+    parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
+    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")
+    parser.add_argument("--sentencepiece-model", help="copy this sentencepiece model into OUT "
+                                                      "(default: spm.model of the data folder, if any)")
+    return parser, parser.parse_args(argv)
+
+
+def main(argv=None):
+    parser, args = parse_args(argv)
+    try:
+        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model)
+    except ExportError as error:
+        parser.error(str(error))
+    print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)

@@ -1,0 +1,109 @@
+"""A small builder of ONNX graphs from a model's weights: named initializers,
+one method per operator pattern the exported models use (linear layers,
+layer norms, multi-head attention pieces), float32 throughout."""
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17  # LayerNormalization
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def as_array(tensor) -> np.ndarray:
+    return tensor.detach().to(torch.float32).cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor
+
+
+class Graph:
+    def __init__(self, name: str):
+        self.name = name
+        self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
+        self.count = 0
+        self.constants = {}
+
+    def fresh(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}_{self.count}"
+
+    def weight(self, array, hint: str) -> str:
+        name = self.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(as_array(array)), name))
+        return name
+
+    def const(self, value, dtype=np.float32) -> str:
+        """A small constant, shared by every node that uses the same value."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.constants:
+            self.constants[key] = self.weight(array, "const")
+        return self.constants[key]
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes):
+        names = [self.fresh(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attributes))
+        return names[0] if outputs == 1 else names
+
+    def input(self, name: str, elem_type, shape) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def output(self, value: str, name: str, elem_type, shape) -> None:
+        self.nodes.append(helper.make_node("Identity", [value], [name]))
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+
+    def model(self) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="fairseq_memattn")
+        model.ir_version = 8
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+    # --- layers -------------------------------------------------------------------
+
+    def linear(self, x: str, module, bias: bool = True) -> str:
+        """x W^T + b of an nn.Linear (W stored transposed, as MatMul wants it)."""
+        y = self.op("MatMul", x, self.weight(as_array(module.weight).T, "weight"))
+        if bias and module.bias is not None:
+            y = self.op("Add", y, self.weight(module.bias, "bias"))
+        return y
+
+    def layer_norm(self, x: str, module) -> str:
+        return self.op("LayerNormalization", x, self.weight(module.weight, "ln_weight"),
+                       self.weight(module.bias, "ln_bias"), axis=-1, epsilon=float(module.eps))
+
+    def activation(self, x: str, name: str) -> str:
+        """fairseq's utils.get_activation_fn for the functions it has."""
+        if name == "relu":
+            return self.op("Relu", x)
+        if name == "gelu":  # x * Phi(x), exact
+            phi = self.op("Mul", self.op("Add", self.op("Erf", self.op("Mul", x, self.const(2 ** -0.5))),
+                                         self.const(1.0)), self.const(0.5))
+            return self.op("Mul", x, phi)
+        if name == "tanh":
+            return self.op("Tanh", x)
+        if name == "linear":
+            return x
+        raise ValueError(f"unsupported --activation-fn: {name!r} (the export has relu, gelu, tanh, linear)")
+
+    def split_heads(self, x: str, heads: int, head_dim: int) -> str:
+        """B x L x D -> B x H x L x D/H"""
+        x = self.op("Reshape", x, self.const([0, 0, heads, head_dim], np.int64))
+        return self.op("Transpose", x, perm=[0, 2, 1, 3])
+
+    def merge_heads(self, x: str, dim: int) -> str:
+        """B x H x L x D/H -> B x L x D"""
+        x = self.op("Transpose", x, perm=[0, 2, 1, 3])
+        return self.op("Reshape", x, self.const([0, 0, dim], np.int64))
+
+    def attend(self, q: str, k: str, v: str, additive_mask: str = None):
+        """softmax(q k^T [+ mask]) v over the last axis: (output, weights)."""
+        scores = self.op("MatMul", q, self.op("Transpose", k, perm=[0, 1, 3, 2]))
+        if additive_mask is not None:
+            scores = self.op("Add", scores, additive_mask)
+        weights = self.op("Softmax", scores, axis=-1)
+        return self.op("MatMul", weights, v), weights
+
+    def masked_fill(self, x: str, mask: str, value: float) -> str:
+        return self.op("Where", mask, self.const(value), x)

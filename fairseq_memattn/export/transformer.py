@@ -1,0 +1,276 @@
+"""ONNX graphs of ``transformer_memattn`` (models/transformer_memattn.py),
+built from its submodules' weights.
+
+* encoder: src_tokens (B x S) -> fairseq's encoder -> the writes of Eq. 4-5
+  -> per decoder layer what its read needs from the memory, projected once
+  per source (attention read: keys and values, B x H x K x D/H; mix read:
+  C W_o^T, B x K x D), and alpha (B x M x S x K) for alignments;
+* decoder step: the previous tokens of N hypotheses (N a multiple of B, the
+  hypotheses of a source consecutive), the step, each layer's self-attention
+  keys and values so far (N x H x t x D/H) -> log-probabilities (N x V),
+  the last layer's read weights averaged over heads (N x K) and the caches
+  grown by one step. The memory stays at one row per source: the queries
+  of a source's hypotheses are read together from its row.
+"""
+
+
+import numpy as np
+
+from .graph import FLOAT, INT64, Graph, as_array
+
+NEG_INF = float("-inf")
+
+
+def positions_table(embed_positions, count: int) -> np.ndarray:
+    """The rows of fairseq's positional embedding (learned or sinusoidal), at
+    least ``count`` of them (indices padding_idx + 1 + position)."""
+    if hasattr(embed_positions, "weights"):  # SinusoidalPositionalEmbedding
+        weights = embed_positions.weights
+        if weights is None or weights.size(0) < count:
+            weights = embed_positions.get_embedding(count, embed_positions.embedding_dim,
+                                                    embed_positions.padding_idx)
+        return as_array(weights)
+    return as_array(embed_positions.weight)
+
+
+def check_supported(model) -> None:
+    """One error naming the first option the graphs do not implement."""
+    encoder, decoder = model.encoder, model.decoder
+    options = [
+        ("--adaptive-softmax-cutoff", getattr(decoder, "adaptive_softmax", None) is not None),
+        ("--scale-attn/--scale-fc/--scale-heads/--scale-resids (NormFormer)",
+         any(getattr(layer, name, None) is not None
+             for layer in decoder.layers for name in ("attn_ln", "ffn_layernorm", "c_attn", "w_resid"))),
+        ("--quant-noise-scalar", encoder.quant_noise is not None or decoder.quant_noise is not None),
+        ("--alibi", getattr(decoder, "alibi", None) is not None),
+    ]
+    for name, used in options:
+        if used:
+            raise ValueError(f"the export does not support {name}: export a model trained without it")
+    attentions = [layer.self_attn for layer in (*encoder.layers, *decoder.layers)]
+    if any(a.bias_k is not None or a.add_zero_attn for a in attentions):
+        raise ValueError("the export does not support attention with add_bias_kv/add_zero_attn")
+
+
+def _embed(g: Graph, tokens: str, module, positions: str):
+    """embed_scale * E[tokens] (+ project_in_dim) + positions (+ layernorm_embedding), as fairseq."""
+    x = g.op("Gather", g.weight(module.embed_tokens.weight, "embed"), tokens)
+    if module.embed_scale != 1.0:
+        x = g.op("Mul", x, g.const(module.embed_scale))
+    if getattr(module, "project_in_dim", None) is not None:
+        x = g.linear(x, module.project_in_dim)
+    if module.embed_positions is not None:
+        table = positions_table(module.embed_positions, module.max_positions() + module.padding_idx + 2)
+        x = g.op("Add", x, g.op("Gather", g.weight(table, "positions"), positions))
+    if module.layernorm_embedding is not None:
+        x = g.layer_norm(x, module.layernorm_embedding)
+    return x
+
+
+def _sublayer(g: Graph, x: str, layer_norm, normalize_before: bool, body):
+    """fairseq's residual block: [LN] -> body -> + residual -> [LN]."""
+    y = body(g.layer_norm(x, layer_norm) if normalize_before else x)
+    x = g.op("Add", x, y)
+    return x if normalize_before else g.layer_norm(x, layer_norm)
+
+
+def _feed_forward(g: Graph, layer, activation: str):
+    return lambda x: g.linear(g.activation(g.linear(x, layer.fc1), activation), layer.fc2)
+
+
+def _self_attention(g: Graph, x: str, attention, key_mask: str = None):
+    """fairseq's MultiheadAttention over x itself (B x L x D)."""
+    heads, head_dim = attention.num_heads, attention.head_dim
+    q = g.split_heads(g.op("Mul", g.linear(x, attention.q_proj), g.const(attention.scaling)), heads, head_dim)
+    k = g.split_heads(g.linear(x, attention.k_proj), heads, head_dim)
+    v = g.split_heads(g.linear(x, attention.v_proj), heads, head_dim)
+    out, _ = g.attend(q, k, v, key_mask)
+    return g.linear(g.merge_heads(out, attention.embed_dim), attention.out_proj)
+
+
+# --- the write of Eq. 4-5 (modules/attention.MemoryWrite) ----------------------------
+
+def _write(g: Graph, writer, states: str, padding: str, tokens_mask_f: str, positions: str, lengths: str):
+    """(C: B x K x E, alpha: B x S x K) as MemoryWrite.write computes them."""
+    K = writer.num_contexts
+    scores = g.op("MatMul", states, g.weight(as_array(writer.W_alpha.weight).T, "W_alpha"))  # B x S x K
+    s = g.op("Unsqueeze", positions, g.const([-1], np.int64))  # 1-based position within the sentence
+    if writer.position_encoding_max_len is not None:  # Eq. 10, masked and renormalised (Sec. 3.2)
+        frac = g.op("Div", s, g.const(float(writer.position_encoding_max_len)))
+        k = np.arange(1, K + 1, dtype=np.float32) / K
+        L = g.op("Add", g.op("Mul", g.op("Sub", g.const(1.0), frac), g.const(1 - k)),
+                 g.op("Mul", frac, g.const(k)))
+        L = g.op("Mul", L, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
+        total = g.op("Max", g.op("ReduceSum", L, g.const([1], np.int64), keepdims=1), g.const(1e-12))
+        scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
+    if writer.window_log_width is not None:  # attention.window_scores
+        r = g.op("Div", g.op("Sub", s, g.const(0.5)),
+                 g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)), g.const([-1], np.int64)))
+        c = (np.arange(K, dtype=np.float32) + 0.5) / K
+        width = np.exp(as_array(writer.window_log_width))
+        z = g.op("Div", g.op("Sub", r, g.const(c)), g.const(width))
+        scores = g.op("Add", scores, g.op("Mul", g.op("Mul", z, z), g.const(-0.5)))
+    mask = g.op("Unsqueeze", padding, g.const([-1], np.int64))  # B x S x 1
+    if writer.encoder_score == "softmax":
+        axis = -1 if writer.encoder_normalize == "contexts" else 1
+        alpha = g.op("Softmax", g.masked_fill(scores, mask, float(np.finfo(np.float32).min)), axis=axis)
+    else:
+        alpha = g.op("Sigmoid", scores)
+    alpha = g.masked_fill(alpha, mask, 0.0)
+    contexts = g.op("MatMul", g.op("Transpose", alpha, perm=[0, 2, 1]), states)  # Eq. 4: C = alpha^T s
+    return contexts, alpha
+
+
+def _project_memory(g: Graph, read, contexts: str):
+    """What MemoryAttentionRead / MemoryMixRead.project_memory derive from C, once per source."""
+    if hasattr(read, "k_proj"):
+        return {"key": g.split_heads(g.linear(contexts, read.k_proj), read.num_heads, read.head_dim),
+                "value": g.split_heads(g.linear(contexts, read.v_proj), read.num_heads, read.head_dim)}
+    return {"value": g.op("MatMul", contexts, g.weight(as_array(read.out_proj.weight).T, "W_o"))}
+
+
+def memory_names(model):
+    """The encoder outputs the decoder step reads, in order."""
+    names = []
+    for index, layer in enumerate(model.decoder.layers):
+        parts = ("key", "value") if hasattr(layer.encoder_attn, "k_proj") else ("value",)
+        names += [f"memory_{part}_{index}" for part in parts]
+    return names
+
+
+def encoder_graph(model, activation: str) -> Graph:
+    encoder = model.encoder
+    g = Graph("memattn_transformer_encoder")
+    tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
+    padding = g.op("Equal", tokens, g.const(encoder.padding_idx, np.int64))
+    not_pad = g.op("Cast", g.op("Not", padding), to=INT64)
+    counts = g.op("CumSum", not_pad, g.const(1, np.int64))  # 1-based positions within each sentence
+    positions = g.op("Add", g.op("Mul", counts, not_pad), g.const(encoder.padding_idx, np.int64))  # make_positions
+    x = _embed(g, tokens, encoder, positions)
+    tokens_mask_f = g.op("Cast", not_pad, to=FLOAT)
+    x = g.op("Mul", x, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
+    key_mask = g.op("Unsqueeze", g.op("Where", padding, g.const(NEG_INF), g.const(0.0)),
+                    g.const([1, 2], np.int64))  # B x 1 x 1 x S
+    for layer in encoder.layers:
+        x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
+                      lambda y, a=layer.self_attn: _self_attention(g, y, a, key_mask))
+        x = _sublayer(g, x, layer.final_layer_norm, layer.normalize_before, _feed_forward(g, layer, activation))
+    if encoder.layer_norm is not None:
+        x = g.layer_norm(x, encoder.layer_norm)
+    s = g.op("Cast", counts, to=FLOAT)
+    lengths = g.op("ReduceSum", tokens_mask_f, g.const([1], np.int64), keepdims=1)  # B x 1
+    written = [_write(g, writer, x, padding, tokens_mask_f, s, lengths) for writer in encoder.writers]
+    alpha = g.op("Concat", *[g.op("Unsqueeze", a, g.const([1], np.int64)) for _, a in written], axis=1)
+    g.output(alpha, "alpha", FLOAT, ["batch", len(written), "src_len", encoder.writers[0].num_contexts])
+    names = iter(memory_names(model))
+    for layer in model.decoder.layers:
+        read = layer.encoder_attn
+        shape = memory_shape(read, layer.embed_dim, "batch")
+        for value in _project_memory(g, read, written[read.memory_index][0]).values():
+            g.output(value, next(names), FLOAT, shape)
+    return g
+
+
+def memory_shape(read, embed_dim: int, rows: str):
+    if hasattr(read, "k_proj"):
+        return [rows, read.num_heads, "memory_k", read.head_dim]
+    return [rows, "memory_k", embed_dim]
+
+
+# --- one decoder step ------------------------------------------------------------
+
+def _read(g: Graph, read, x: str, memory: dict):
+    """A layer's read for N = rows x group hypotheses (N x D): (output N x D, weights N x K)."""
+    rows = g.op("Slice", g.op("Shape", memory["value"]), g.const([0], np.int64), g.const([1], np.int64))
+    if hasattr(read, "k_proj"):  # MemoryAttentionRead: fairseq's multi-head attention over the K rows
+        heads, head_dim = read.num_heads, read.head_dim
+        q = g.op("Mul", g.linear(x, read.q_proj), g.const(read.scaling))
+        shape = g.op("Concat", rows, g.const([-1, heads, head_dim], np.int64), axis=0)
+        q = g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])  # R x H x G x D/H
+        out, weights = g.attend(q, memory["key"], memory["value"])
+        out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, read.embed_dim], np.int64))
+        out = g.linear(out, read.out_proj)
+        weights = g.op("ReduceMean", weights, axes=[1], keepdims=0)  # R x G x K
+    else:  # MemoryMixRead, Eq. 6-7
+        scores = g.op("MatMul", x, g.weight(as_array(read.W_beta.weight).T, "W_beta"))
+        beta = g.op("Softmax", scores, axis=-1) if read.decoder_score == "softmax" else g.op("Sigmoid", scores)
+        K = read.W_beta.weight.shape[0]
+        weights = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))  # R x G x K
+        out = g.op("MatMul", weights, memory["value"])  # R x G x D
+        out = g.op("Add", g.op("Reshape", out, g.const([-1, read.out_proj.weight.shape[0]], np.int64)),
+                   g.weight(read.out_proj.bias, "b_o"))
+    return out, weights
+
+
+def _cached_self_attention(g: Graph, x: str, attention, index: int, present: list):
+    """fairseq's incremental self-attention for one new position (x: N x D)."""
+    heads, head_dim = attention.num_heads, attention.head_dim
+    x3 = g.op("Unsqueeze", x, g.const([1], np.int64))  # N x 1 x D
+    q = g.split_heads(g.op("Mul", g.linear(x3, attention.q_proj), g.const(attention.scaling)), heads, head_dim)
+    k, v = (g.op("Concat", past, g.split_heads(g.linear(x3, proj), heads, head_dim), axis=2)
+            for past, proj in ((f"self_key_{index}", attention.k_proj), (f"self_value_{index}", attention.v_proj)))
+    present += [(k, f"new_self_key_{index}"), (v, f"new_self_value_{index}")]
+    out, _ = g.attend(q, k, v)
+    out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, attention.embed_dim], np.int64))
+    return g.linear(out, attention.out_proj)
+
+
+def decoder_graph(model, activation: str) -> Graph:
+    decoder = model.decoder
+    K = model.encoder.writers[0].num_contexts
+    g = Graph("memattn_transformer_decoder_step")
+    tokens = g.input("prev_tokens", INT64, ["hypotheses"])
+    step = g.input("step", INT64, [1])
+    caches, memories = [], []
+    for index, layer in enumerate(decoder.layers):
+        shape = ["hypotheses", layer.self_attn.num_heads, "past", layer.self_attn.head_dim]
+        caches.append([g.input(f"self_{part}_{index}", FLOAT, shape) for part in ("key", "value")])
+    names = iter(memory_names(model))
+    for layer in decoder.layers:
+        read = layer.encoder_attn
+        parts = ("key", "value") if hasattr(read, "k_proj") else ("value",)
+        memories.append({part: g.input(next(names), FLOAT, memory_shape(read, layer.embed_dim, "sources"))
+                         for part in parts})
+    # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
+    x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
+    present, weights = [], None
+    for index, layer in enumerate(decoder.layers):
+        x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
+                      lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, present))
+
+        def read_memory(y, read=layer.encoder_attn, memory=memories[index]):
+            nonlocal weights
+            out, weights = _read(g, read, y, memory)
+            return out
+
+        x = _sublayer(g, x, layer.encoder_attn_layer_norm, layer.normalize_before, read_memory)
+        x = _sublayer(g, x, layer.final_layer_norm, layer.normalize_before, _feed_forward(g, layer, activation))
+    if decoder.layer_norm is not None:
+        x = g.layer_norm(x, decoder.layer_norm)
+    if decoder.project_out_dim is not None:
+        x = g.linear(x, decoder.project_out_dim)
+    logits = g.op("MatMul", x, g.weight(as_array(decoder.output_projection.weight).T, "output_projection"))
+    if getattr(decoder.output_projection, "bias", None) is not None:
+        logits = g.op("Add", logits, g.weight(decoder.output_projection.bias, "output_bias"))
+    g.output(g.op("LogSoftmax", logits, axis=-1), "lprobs", FLOAT, ["hypotheses", "vocab"])
+    # the last layer's read weights over the K rows, mean over heads (fairseq's alignment layer)
+    g.output(g.op("Reshape", weights, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
+    for value, name in present:
+        g.output(value, name, FLOAT, ["hypotheses", None, "past_plus_one", None])
+    return g
+
+
+def build(model):
+    """The graphs and the config the translator needs."""
+    activation = model.cfg.activation_fn if hasattr(model, "cfg") else model.args.activation_fn
+    layers = model.decoder.layers
+    config = {
+        "model": "transformer_memattn",
+        "memory_read": "attention" if hasattr(layers[0].encoder_attn, "k_proj") else "mix",
+        "memories": len(model.encoder.writers),
+        "memory_k": model.encoder.writers[0].num_contexts,
+        "alignment_memory": layers[-1].encoder_attn.memory_index,
+        "memory_outputs": memory_names(model),
+        "self_attention": [[layer.self_attn.num_heads, layer.self_attn.head_dim] for layer in layers],
+    }
+    return {"encoder": encoder_graph(model, activation), "decoder": decoder_graph(model, activation)}, config

@@ -1,0 +1,250 @@
+"""fairseq-memattn-export and fairseq_memattn.deploy: the exported graphs on
+ONNX Runtime against fairseq's own eager model, and the translator's beam
+search against fairseq-generate (same tokens, scores within 1e-4) on tiny
+copy-task models trained by fairseq-train. Skipped without onnxruntime
+(the optional extra ``deploy``)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import PLUGIN_DIR, REPO, clean_env
+from conftest import run_fairseq as run
+
+pytest.importorskip("onnx", reason="the export needs the optional extra 'deploy' (onnx)")
+pytest.importorskip("onnxruntime", reason="the translator needs the optional extra 'deploy' (onnxruntime)")
+
+from fairseq_memattn.deploy import Translator, batches_by_tokens  # noqa: E402
+from fairseq_memattn.export import ExportError, export  # noqa: E402
+
+TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10", "--copy-train-size", "640",
+        "--copy-valid-size", "32", "--copy-test-size", "40"]
+TRANSFORMER = ["--arch", "transformer_memattn", "--memory-k", "4", "--encoder-embed-dim", "32",
+               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+               "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-attention-heads", "2",
+               "--decoder-attention-heads", "2", "--dropout", "0"]
+TRAIN = ["--optimizer", "adam", "--lr", "3e-3", "--batch-size", "32", "--max-update", "40", "--seed", "1",
+         "--cpu", "--no-progress-bar", "--no-epoch-checkpoints", "--no-last-checkpoints", "--num-workers", "0"]
+# The reads and memory layouts the exactness tests cover; each trained once per session.
+VARIANTS = {
+    "attention": [],
+    "attention-per-layer": ["--memory-per-layer"],
+    "mix": ["--memory-read", "mix"],
+    "mix-per-layer-pe": ["--memory-read", "mix", "--memory-per-layer", "--memory-position-encoding",
+                         "--encoder-normalize-before", "--decoder-normalize-before", "--activation-fn", "gelu"],
+}
+SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "--max-len-a", "0",
+          "--max-len-b", "11"]
+
+
+def train(folder, flags):
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *flags, *TRAIN, "--save-dir", str(folder))
+    return folder / "checkpoint_best.pt"
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """Checkpoint and float32 export of each variant, made on first use."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            checkpoint = train(folder, [*TRANSFORMER, *VARIANTS[name]])
+            export(str(checkpoint), str(folder / "onnx"))
+            made[name] = checkpoint, folder / "onnx"
+        return made[name]
+
+    return get
+
+
+def generate(checkpoint, *options):
+    """fairseq-generate's hypotheses: {id: (source symbols, [(score, tokens, positional scores)])}."""
+    out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint), "--gen-subset",
+              "test", "--cpu", "--required-batch-size-multiple", "1", *options).stdout
+    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M))
+    hypotheses = {i: [] for i in sources}
+    for i, score, tokens, positional in re.findall(r"^H-(\d+)\t(\S+)\t(.*)\nD-\d+\t.*\nP-\d+\t(.*)$", out, re.M):
+        hypotheses[i].append((float(score), tokens, [float(p) for p in positional.split()]))
+    return {i: (sources[i], hypotheses[i]) for i in sources}, out
+
+
+def assert_same_as_generate(translator, expected, **options):
+    ids = sorted(expected)
+    sources = [translator.src_dict.encode(expected[i][0]) for i in ids]
+    results = translator.translate_ids(sources, **options)
+    for i, hypotheses in zip(ids, results):
+        fairseq_hypotheses = expected[i][1]
+        assert len(hypotheses) >= len(fairseq_hypotheses) > 0
+        for mine, (score, tokens, positional) in zip(hypotheses, fairseq_hypotheses):
+            assert translator.tgt_dict.string(mine["tokens"]) == tokens, (i, expected[i])
+            # fairseq-generate prints base-2 scores, the positional ones with 4 decimals
+            assert mine["score"] / np.log(2) == pytest.approx(score, abs=1e-4)
+            np.testing.assert_allclose(mine["positional_scores"] / np.log(2), positional, atol=6e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_translator_equals_fairseq_generate(trained, variant):
+    checkpoint, folder = trained(variant)
+    expected, _ = generate(checkpoint, *SEARCH, "--batch-size", "8")
+    translator = Translator(str(folder), threads=1)
+    assert_same_as_generate(translator, expected, beam=4, lenpen=0.6, min_len=2, max_len_a=0, max_len_b=11,
+                            batch_size=8)
+    lengths = {len(h[1].split()) for _, hyps in expected.values() for h in hyps}
+    assert len(lengths) > 2  # sentences finished at different steps
+
+
+def test_max_len_a_and_unnormalized_scores(trained):
+    """--max-len-a counts the batch's padded source length, as in fairseq: one source per batch on both sides."""
+    checkpoint, folder = trained("attention")
+    options = ["--beam", "3", "--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "2", "--min-len", "1",
+               "--unnormalized", "--batch-size", "1"]
+    expected, _ = generate(checkpoint, *options)
+    assert_same_as_generate(Translator(str(folder), threads=1), expected, beam=3, max_len_a=0.5, max_len_b=2,
+                            min_len=1, normalize_scores=False, batch_size=1)
+
+
+def test_graphs_equal_the_eager_model_step_by_step(trained):
+    """Encoder outputs and each decoder step's log-probabilities and alignments
+    (beta alpha^T) against fairseq's incremental decoder (SequenceGenerator's
+    hypotheses' attention) for a per-layer mix model with position encodings."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    checkpoint, folder = trained("mix-per-layer-pe")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    model = models[0].eval()
+    model.make_generation_fast_(need_attn=True)
+    dictionary = task.target_dictionary
+    sources = [[dictionary.index(s) for s in "3 1 4 1 5".split()] + [2], [dictionary.index("7"), 2]]
+    tokens = torch.full((2, 6), dictionary.pad())
+    for row, source in enumerate(sources):
+        tokens[row, 6 - len(source):] = torch.tensor(source)
+    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=9)
+    with torch.no_grad():
+        expected = generator.generate([model], {"net_input": {"src_tokens": tokens,
+                                                              "src_lengths": tokens.ne(1).sum(1)}})
+    translator = Translator(str(folder), threads=1)
+    got = translator.generate(tokens.numpy(), beam=3, max_len_b=9, alignment=True)
+    for row, (mine, theirs) in enumerate(zip(got, expected)):
+        own = tokens[row].ne(dictionary.pad())
+        for m, t in zip(mine, theirs):
+            assert m["tokens"].tolist() == t["tokens"].tolist()
+            assert m["score"] == pytest.approx(float(t["score"]), abs=1e-5)
+            # fairseq: source x target over the padded source; ours: target x the source's tokens
+            np.testing.assert_allclose(m["attention"], t["attention"][own].T.numpy(), atol=1e-5)
+            hard = m["attention"][:-1, :-1].argmax(axis=1)  # EOS excluded on both sides
+            assert m["alignment"] == [(int(s), t_) for t_, s in enumerate(hard)]
+
+
+def test_int8_export_is_close_and_smaller(trained, tmp_path):
+    checkpoint, folder = trained("attention")
+    export(str(checkpoint), str(tmp_path), quantize="int8")
+    size = lambda f: os.path.getsize(os.path.join(f, "decoder.onnx"))  # noqa: E731
+    assert size(tmp_path) < 0.6 * size(folder)
+    sources = [[4 + (i * 7 + j) % 10 for j in range(i % 8 + 1)] + [2] for i in range(12)]
+    full = Translator(str(folder), threads=1).translate_ids(sources, beam=2, max_len_b=10)
+    int8 = Translator(str(tmp_path), threads=1).translate_ids(sources, beam=2, max_len_b=10)
+    # a model of 40 updates is unsure between its hypotheses: int8 may swap close ones
+    same = sum(a[0]["tokens"].tolist() == b[0]["tokens"].tolist() for a, b in zip(full, int8))
+    assert same >= 8, same
+    for a, b in zip(full, int8):
+        assert abs(a[0]["score"] - b[0]["score"]) < 0.2
+
+
+def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
+    """The export CLI copies --sentencepiece-model; the translator CLI reads raw
+    text, applies it, and prints the detokenized best hypothesis. The
+    sentencepiece model splits digits into the copy task's symbols."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+
+    checkpoint, _ = trained("attention")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join("".join(str((i * j) % 10) for j in range(6)) for i in range(200)) + "\n")
+    sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=11,
+                                             model_type="char", add_dummy_prefix=False, character_coverage=1.0,
+                                             bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1, minloglevel=2)
+    out = tmp_path / "onnx"
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(checkpoint), str(out),
+                             "--sentencepiece-model", str(tmp_path / "spm.model")],
+                            env=clean_env(), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (out / "spm.model").exists()
+    text = "314\n59\n"
+    plain = subprocess.run([sys.executable, "-m", "fairseq_memattn.deploy", str(out), "--plain", "--beam", "4"],
+                           input=text, env=clean_env(), cwd=REPO, capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    lines = plain.stdout.splitlines()
+    assert len(lines) == 2 and all(re.fullmatch(r"[0-9]*", line) for line in lines), lines
+    # the same hypotheses as the Python API on the sentencepiece pieces
+    translator = Translator(str(out))
+    pieces = [" ".join(translator_pieces) for translator_pieces in
+              (sentencepiece.SentencePieceProcessor(model_file=str(out / "spm.model")).encode(line, out_type=str)
+               for line in text.splitlines())]
+    best = [h[0]["tokens"] for h in translator.translate_ids([translator.src_dict.encode(p) for p in pieces], beam=4)]
+    assert lines == [translator.tgt_dict.string(t).replace(" ", "").replace("\u2581", " ").strip() for t in best]
+    full = subprocess.run([sys.executable, "-m", "fairseq_memattn.deploy", str(out), "--print-alignment"],
+                          input=text, env=clean_env(), cwd=REPO, capture_output=True, text=True)
+    assert re.search(r"^S-0\t3 1 4$", full.stdout, re.M), full.stdout
+    assert re.search(r"^H-1\t-?[0-9.]+\t", full.stdout, re.M) and re.search(r"^A-1\t", full.stdout, re.M)
+
+
+def test_export_refuses_fairseq_transformer_and_lstm_additive(tmp_path):
+    """A one-line, argparse-style error naming the model or option."""
+    small = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-layers", "1", "--decoder-layers", "1"]
+    cases = {
+        "transformer": (["--arch", "transformer", "--encoder-ffn-embed-dim", "8", "--decoder-ffn-embed-dim", "8",
+                         "--encoder-attention-heads", "1", "--decoder-attention-heads", "1", *small],
+                        "unsupported model 'transformer'"),
+        "lstm_att": (["--arch", "lstm_att", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
+                     "unsupported --attention-type 'additive'"),
+    }
+    train_few = [*TRAIN[:TRAIN.index("--max-update")], "--max-update", "1", *TRAIN[TRAIN.index("--seed"):]]
+    for name, (flags, message) in cases.items():
+        run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *flags, *train_few, "--save-dir", str(tmp_path / name))
+        result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export",
+                                 str(tmp_path / name / "checkpoint_best.pt"), str(tmp_path / "out")],
+                                env=clean_env(), cwd=REPO, capture_output=True, text=True)
+        assert result.returncode == 2
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("fairseq-memattn-export: error:") and message in last, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_export_reports_bad_checkpoint_and_option(tmp_path):
+    missing = tmp_path / "none.pt"
+    with pytest.raises(ExportError, match=f"checkpoint not found: {re.escape(str(missing))}"):
+        export(str(missing), str(tmp_path / "out"))
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(ExportError, match="cannot read .*broken.pt as a fairseq checkpoint"):
+        export(str(broken), str(tmp_path / "out"))
+    with pytest.raises(ExportError, match=r"invalid --quantize: 'int4' \(choose from int8\)"):
+        export(str(broken), str(tmp_path / "out"), quantize="int4")
+
+
+def test_translator_reports_bad_folder_and_options(trained, tmp_path):
+    with pytest.raises(ValueError, match="not an exported model folder"):
+        Translator(str(tmp_path))
+    _, folder = trained("attention")
+    translator = Translator(str(folder))
+    with pytest.raises(ValueError, match=r"invalid --min-len: 5 \(the maximum length for this batch is 3"):
+        translator.translate_ids([[4, 2]], min_len=5, max_len_b=3)
+    with pytest.raises(ValueError, match=r"invalid --max-tokens: 2 \(the longest source has 3 tokens\)"):
+        translator.translate_ids([[4, 5, 2]], max_tokens=2)
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.deploy", str(folder), "--nbest", "6"],
+                            input="1\n", env=clean_env(), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2 and "error: invalid --nbest: 6 (must be <= --beam 5)" in result.stderr
+
+
+def test_batches_by_tokens():
+    lengths = [5, 2, 9, 3, 3, 7]
+    batches = list(batches_by_tokens(lengths, max_tokens=14, batch_size=3))
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for batch in batches:
+        assert len(batch) <= 3 and max(lengths[i] for i in batch) * len(batch) <= 14
+    assert batches[0] == [1, 3, 4]  # shortest first, as fairseq orders a dataset
