@@ -1,11 +1,31 @@
+import re
+
 from setuptools import find_packages, setup
+
+
+def read_version():
+    """__version__ from fairseq_memattn/__init__.py, without importing it (that needs fairseq)."""
+    with open("fairseq_memattn/__init__.py", encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
 
 setup(
     name="fairseq_memattn",
-    version="0.1.0",
+    version=read_version(),
     description="fairseq plugin: fixed-size memory attention (Britz, Guan & Luong, EMNLP 2017)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="MIT",
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: MIT License",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=find_packages(include=["fairseq_memattn", "fairseq_memattn.*"]),
     python_requires=">=3.9",
     # torch is not pinned here: install the build you want first (CPU or CUDA).

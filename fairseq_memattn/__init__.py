@@ -5,6 +5,8 @@ package registers the architectures and tasks and makes fairseq checkpoints
 loadable under torch's ``weights_only`` protection.
 """
 
+__version__ = "0.2.0"
+
 try:
     import fairseq  # noqa: F401
 except Exception as error:  # pragma: no cover - depends on the user's install
