@@ -472,7 +472,7 @@ def wmt_architecture(args):
     """The paper's WMT setup (Sec. 4.2): 512 units and embeddings, K = 64,
     position encodings, a sigmoid encoder score and a softmax decoder score (the
     configuration of Fig. 4; softmax/softmax "consistently performs badly",
-    Sec. 4.2, and did so on our en-de check: README, Table 2)."""
+    Sec. 4.2)."""
     for name in ("encoder_embed_dim", "encoder_hidden_size",
                  "decoder_embed_dim", "decoder_hidden_size"):
         setattr(args, name, getattr(args, name, 512))
