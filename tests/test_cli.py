@@ -23,7 +23,7 @@ TRAIN = ["--optimizer", "adam", "--lr", "5e-3", "--clip-norm", "1", "--batch-siz
          "--max-epoch", "20", "--seed", "1", "--cpu", "--no-progress-bar", "--no-epoch-checkpoints"]
 # Another machine (CPU, thread count, BLAS) ends training like another seed: the thresholds belong
 # below the worst of `python tests/measure_trained.py cli --seeds 1 2 3 4 5 --threads 1 2 --out DIR`.
-# Measured (README, Tests), seeds 1-5 x OMP_NUM_THREADS 1 and 2 (2 threads gave the same numbers
+# Measured (docs/testing.md), seeds 1-5 x OMP_NUM_THREADS 1 and 2 (2 threads gave the same numbers
 # as 1 for every seed): BLEU 88.37 / 92.82 / 97.83 (min / median / max), accuracy 88.0 / 94.0 /
 # 98.0, valid loss 0.016 / 0.093 / 0.094; interactive copied in all 10 runs.
 MIN_BLEU, MIN_ACCURACY, MAX_VALID_LOSS = 75.0, 70.0, 0.5

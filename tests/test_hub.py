@@ -1,5 +1,5 @@
 """fairseq's hub API on the WMT'17 recipe's output, loaded exactly as the
-README shows: MemAttnLSTMModel.from_pretrained(checkpoint folder, data-bin,
+docs/wmt17.md shows: MemAttnLSTMModel.from_pretrained(checkpoint folder, data-bin,
 sentencepiece model) -> translate / sample / generate with alignments.
 
 The model is the tiny en-fr one that conftest.own_pair_recipe trains through
@@ -31,7 +31,7 @@ def recipe_dir(own_pair_recipe):
 
 def from_pretrained(model_class, recipe_dir, config):
     cwd = os.getcwd()
-    os.chdir(recipe_dir)  # the README's relative paths
+    os.chdir(recipe_dir)  # the relative paths of docs/wmt17.md
     try:
         model = model_class.from_pretrained(
             f"checkpoints/wmt17/en-fr/{config}", checkpoint_file="checkpoint_best.pt",

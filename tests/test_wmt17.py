@@ -21,7 +21,7 @@ from wmt17_toy import SIZES, TINY_MODEL, recipe, write_corpus
 
 from fairseq_memattn import wmt17, wmt17_run
 
-MIN_BLEU = 15.0  # seeds 1-5 (1 thread), 1-4 (2): 28.40 / 33.05 / 47.82 (README, Tests)
+MIN_BLEU = 15.0  # seeds 1-5 (1 thread), 1-4 (2): 28.40 / 33.05 / 47.82 (docs/testing.md)
 
 
 def snapshot(out):
