@@ -8,7 +8,7 @@ it returns fairseq-generate's hypotheses and scores. What the encoder
 derives from a source (the memory, projected once per source) stays at one
 row per source for all its hypotheses, as ``modules/beam_sharing.py`` keeps
 it in fairseq; only the decoder's own state (the self-attention cache of
-the target prefix, or the LSTM's h and c) is reordered per hypothesis.
+the target prefix) is reordered per hypothesis.
 
 Alignments (``alignment=True``): the soft alignment of target step i over the
 source is beta_i alpha^T (Sec. 5), beta_i the read weights of the last decoder
@@ -98,8 +98,6 @@ class Translator:
         self.sentencepiece_model = spm if os.path.isfile(spm) else None
         c = self.config
         self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
-        self.state_names = [name for name in (i.name for i in self.decoder.get_inputs())
-                            if name.startswith("self_") or name.startswith("state_")]
 
     # --- the model's two graphs --------------------------------------------------
 
@@ -109,13 +107,9 @@ class Translator:
 
     def initial_state(self, encoded: Dict[str, np.ndarray], hypotheses: int) -> Dict[str, np.ndarray]:
         """The decoder's state before the first step, one row per hypothesis."""
-        if self.config["model"] == "transformer_memattn":
-            return {f"self_{part}_{index}": np.zeros((hypotheses, heads, 0, head_dim), np.float32)
-                    for index, (heads, head_dim) in enumerate(self.config["self_attention"])
-                    for part in ("key", "value")}
-        group = hypotheses // encoded["initial_h"].shape[1]
-        return {"state_h": np.repeat(encoded["initial_h"], group, axis=1),
-                "state_c": np.repeat(encoded["initial_c"], group, axis=1)}
+        return {f"self_{part}_{index}": np.zeros((hypotheses, heads, 0, head_dim), np.float32)
+                for index, (heads, head_dim) in enumerate(self.config["self_attention"])
+                for part in ("key", "value")}
 
     def step(self, tokens: np.ndarray, step: int, state, memory):
         """(log-probs N x V, read weights N x K, next state) for one target position."""
@@ -158,8 +152,7 @@ class Translator:
         for step in range(max_len + 1):
             if reorder is not None:
                 rows = reorder if state_rows is None else state_rows[reorder]
-                state = {name: value[:, rows] if name.startswith("state_") else value[rows]
-                         for name, value in state.items()}
+                state = {name: value[rows] for name, value in state.items()}
                 state_rows = None
             lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory)
             lprobs = lprobs.copy()

@@ -193,7 +193,7 @@ def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
     assert re.search(r"^H-1\t-?[0-9.]+\t", full.stdout, re.M) and re.search(r"^A-1\t", full.stdout, re.M)
 
 
-def test_export_refuses_fairseq_transformer_and_lstm_additive(tmp_path):
+def test_export_refuses_models_it_does_not_export(tmp_path):
     """A one-line, argparse-style error naming the model or option."""
     small = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-layers", "1", "--decoder-layers", "1"]
     cases = {
@@ -202,6 +202,8 @@ def test_export_refuses_fairseq_transformer_and_lstm_additive(tmp_path):
                         "unsupported model 'transformer'"),
         "lstm_att": (["--arch", "lstm_att", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
                      "unsupported --attention-type 'additive'"),
+        "lstm_memattn": (["--arch", "lstm_memattn", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
+                          "--memory-k", "2", *small], "lstm_memattn is not exported yet"),
     }
     train_few = [*TRAIN[:TRAIN.index("--max-update")], "--max-update", "1", *TRAIN[TRAIN.index("--seed"):]]
     for name, (flags, message) in cases.items():

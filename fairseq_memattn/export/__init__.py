@@ -3,10 +3,10 @@
 
     fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8]
 
+Exports ``transformer_memattn`` (both reads; shared or per-layer memories).
 OUT holds ``encoder.onnx`` (source -> what the decoder reads, projected once
 per source, and alpha of Eq. 4-5 for alignments), ``decoder.onnx`` (one
-decoder step with its recurrent state or self-attention cache as inputs and
-outputs), ``config.json``, the dictionaries and, when there is one, the
+decoder step with its self-attention cache as inputs and outputs), ``config.json``, the dictionaries and, when there is one, the
 sentencepiece model. ``--quantize int8``: ONNX Runtime's dynamic int8
 quantization of every matrix product with a constant weight.
 Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
@@ -19,8 +19,7 @@ import shutil
 import sys
 
 FORMAT_VERSION = 1
-SUPPORTED = ("transformer_memattn (model memattn_transformer) and lstm_memattn "
-             "(model memattn_lstm) with --attention-type memory")
+SUPPORTED = "transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories"
 
 
 class ExportError(ValueError):
@@ -56,8 +55,10 @@ def load_checkpoint(path: str, data: str = None):
         raise ExportError(f"unsupported model {arch!r} in {path}: the export supports {SUPPORTED}")
     if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
-                          f"the export supports lstm_memattn with --attention-type memory only "
-                          f"(its decoder never reads the |S| encoder states)")
+                          f"the export supports {SUPPORTED}")
+    if model_class is MemAttnLSTMModel:
+        raise ExportError(f"unsupported model {arch!r} in {path}: lstm_memattn is not exported yet; "
+                          f"the export supports {SUPPORTED}")
     overrides = {"data": data} if data else None
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
@@ -79,12 +80,8 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     model, task = load_checkpoint(checkpoint, data)
-    from ..models.transformer_memattn import MemAttnTransformerModel
+    from . import transformer as family
 
-    if isinstance(model, MemAttnTransformerModel):
-        from . import transformer as family
-    else:
-        from . import lstm as family
     family.check_supported(model)
     graphs, config = family.build(model)
     os.makedirs(out, exist_ok=True)
@@ -129,7 +126,7 @@ def _data_sentencepiece(task):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="fairseq-memattn-export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
+    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn")
     parser.add_argument("out", help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")
