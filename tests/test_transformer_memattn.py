@@ -118,7 +118,7 @@ def test_alignments_by_default_in_eval_mode_never_in_training(dictionary):
 
     def kept():
         with torch.no_grad():
-            alpha = "alpha" in model.encoder(tokens, lengths)
+            alpha = len(model.encoder(tokens, lengths)["alpha"]) > 0
             attn = model(tokens, lengths, PREV_OUTPUT)[1]["attn"][0]
         assert alpha == (attn is not None)
         return alpha
@@ -147,7 +147,7 @@ def alignment_by_loops(model, source, hypothesis, eos):
         tokens, lengths = source[None], torch.tensor([source.numel()])
         prev = torch.cat([hypothesis.new_tensor([eos]), hypothesis[:-1]])[None]
         with torch.no_grad(), attention_returned([model]):  # alpha also for a model loaded without
-            alpha = model.encoder(tokens, lengths)["alpha"][0, layer.memory_index]  # |x| x K
+            alpha = model.encoder(tokens, lengths)["alpha"][0][0, layer.memory_index]  # |x| x K
             model(tokens, lengths, prev)
     finally:
         del layer.read
@@ -237,18 +237,18 @@ def test_memory_is_eq_4_5_of_the_final_encoder_states(dictionary, encoder_score,
         encoder_out = model.encoder(tokens, lengths)
         # fairseq's own encoder, before the write: the final states
         states = TransformerEncoderBase.forward(model.encoder, tokens, lengths)["encoder_out"][0].transpose(0, 1)
-    assert encoder_out["memory"].shape == (3, 2, 3, 16)  # B x layers x K x d, no |S| x d states
+    assert encoder_out["memory"][0].shape == (3, 2, 3, 16)  # B x layers x K x d, no |S| x d states
     assert set(encoder_out) == {"memory", "alpha", "group"}
     for index, writer in enumerate(model.encoder.writers):
         C, alpha = write_by_loops(writer, states, lengths.tolist())
-        torch.testing.assert_close(encoder_out["memory"][:, index], C, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(encoder_out["alpha"][:, index], alpha, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(encoder_out["memory"][0][:, index], C, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(encoder_out["alpha"][0][:, index], alpha, atol=1e-5, rtol=1e-5)
 
 
 def random_memory(rows=2, K=3, dim=16, width=5, seed=0):
     gen = torch.Generator().manual_seed(seed)
     alpha = torch.rand(rows, 2, width, K, generator=gen)
-    return {"memory": torch.randn(rows, 2, K, dim, generator=gen), "alpha": alpha, "group": 1}
+    return {"memory": torch.randn(rows, 2, K, dim, generator=gen), "alpha": alpha}
 
 
 @pytest.mark.parametrize("group", [1, 3])
@@ -259,9 +259,10 @@ def test_mix_read_is_eq_6_7(decoder_score, group):
     torch.manual_seed(0)
     read = MemoryMixRead(16, 16, num_contexts=3, decoder_score=decoder_score, memory_index=1)
     torch.nn.init.normal_(read.out_proj.bias)
-    encoder_out = {**random_memory(), "group": group}
-    query = torch.randn(4, 2 * group, 16)  # T x hypotheses x D
-    out, align = read(query, encoder_out, encoder_out, need_head_weights=True)
+    encoder_out = random_memory()
+    query = torch.randn(4, 2 * group, 16)  # T x hypotheses x D: `group` per memory row
+    out, align = read(query, encoder_out["memory"], encoder_out["memory"], encoder_out["alpha"],
+                      need_head_weights=True)
     score = {"softmax": lambda v: torch.softmax(v, 0), "sigmoid": torch.sigmoid}[decoder_score]
     for t in range(4):
         for n in range(2 * group):
@@ -282,9 +283,10 @@ def test_attention_read_is_fairseq_multihead_attention_over_the_memory(group):
     read = MemoryAttentionRead(16, 2, memory_dim=12, dropout=0.0, memory_index=1)
     reference = MultiheadAttention(16, 2, kdim=12, vdim=12, encoder_decoder_attention=True)
     reference.load_state_dict(read.state_dict())
-    encoder_out = {**random_memory(dim=12), "group": group}
+    encoder_out = random_memory(dim=12)
     query = torch.randn(4, 2 * group, 16)
-    out, align = read(query, encoder_out, encoder_out, need_weights=True)
+    out, align = read(query, encoder_out["memory"], encoder_out["memory"], encoder_out["alpha"],
+                      need_weights=True)
     rows = torch.arange(2).repeat_interleave(group)
     C = encoder_out["memory"][rows, 1].transpose(0, 1)  # K x hypotheses x d
     expected, weights = reference(query, C, C, static_kv=True, need_weights=True)
@@ -351,7 +353,7 @@ def test_half_precision_forward_backward_and_incremental_decoding(dictionary, me
 
     model.eval()
     with torch.no_grad(), precision:
-        assert model.encoder(tokens, lengths)["memory"].dtype == torch.float32  # sum_of_products
+        assert model.encoder(tokens, lengths)["memory"][0].dtype == torch.float32  # sum_of_products
         full, extra = model(tokens, lengths, PREV_OUTPUT)
         encoder_out, state = model.encoder(tokens, lengths), {}
         steps = [model.decoder(PREV_OUTPUT[:, : t + 1], encoder_out, incremental_state=state)
@@ -411,7 +413,7 @@ def test_beam_search_keeps_memory_and_cache_at_one_row_per_source(dictionary, mo
 
     def spy_reorder(encoder_out, new_order):
         out = reorder(encoder_out, new_order)
-        seen_encoder.append((out["memory"].size(0), out["group"], new_order.numel()))
+        seen_encoder.append((out["memory"][0].size(0), int(out["group"][0]), new_order.numel()))
         return out
 
     read = MemoryAttentionRead.read
@@ -578,7 +580,7 @@ def test_bf16_training_on_cpu_is_not_possible_in_fairseq_0_12_3(tmp_path):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--memory-k", "0", "invalid --memory-k: 0 (must be an integer >= 1)"),
+    ("--memory-k", "0", "argument --memory-k: invalid value 0 (must be an integer >= 1)"),
     ("--memory-read", "lookup", "argument --memory-read: invalid choice: 'lookup'"),
 ])
 def test_bad_option_is_reported_before_training(tmp_path, option, value, message):

@@ -342,6 +342,13 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
     def alignment_switch(self):
         return self.decoder.attention
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first, also for a SequenceGenerator over the model.
+        raise NotImplementedError(
+            "lstm_memattn cannot be scripted with TorchScript: its encoder_out carries the attention's "
+            "memory as a dict whose keys depend on --attention-type; run it eagerly (transformer_memattn "
+            "scripts, also inside SequenceGenerator)")
+
     @property
     def full_context_alignment(self) -> bool:
         """Read by fairseq's SequenceGeneratorWithAlignment (and nothing else in

@@ -23,7 +23,10 @@ are read as extra query steps of its one row. A step's cost is then O(K d)
 per layer and hypothesis, whatever |S| is.
 """
 
-from typing import Dict, Optional, Tuple
+import contextlib
+import logging
+import re
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +43,11 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer import transformer_iwslt_de_en
-from fairseq.modules import MultiheadAttention
+from fairseq.modules import FairseqDropout, MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from omegaconf import DictConfig, open_dict
 from torch import Tensor, nn
 
 from ..hub import MemAttnHubModel
@@ -54,27 +59,40 @@ from ..modules.attention import (
     position_encoding_length,
     score_function,
 )
-from ..modules.beam_sharing import select_shared_group
+from ..modules.beam_sharing import select_rows
 from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
+logger = logging.getLogger(__name__)
+
 READ_MODES = ("attention", "mix")
+
+
+def group_tensor(group: int) -> Tensor:
+    """``group`` as a 1-element tensor: encoder_out and the incremental state
+    hold tensors only (TorchScript). On the CPU, so that reading it back
+    never waits for an accelerator."""
+    return torch.full((1,), group, dtype=torch.long)
 
 
 class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
     """fairseq's Transformer encoder followed by the write of Eq. 4-5.
 
-    ``encoder_out`` is a dict:
-      * ``memory``: B x M x K x d, the M = 1 (shared) or decoder-layers
-        (``--memory-per-layer``) memories C;
-      * ``alpha``: B x M x S x K, the write weights, in the layout of
+    ``encoder_out`` is typed as fairseq's (``Dict[str, List[Tensor]]``):
+      * ``memory``: [B x M x K x d], the M = 1 (shared) or decoder-layers
+        (``--memory-per-layer``) memories C, memory m written by ``writers[m]``;
+      * ``alpha``: [B x M x S x K], the write weights, in the layout of
         ``src_tokens``, only when alignments are kept (``keep_alignment``: by
         default in eval mode, never in training; make_generation_fast_, i.e.
-        ``--print-alignment`` or its absence, decides for fairseq-generate);
-      * ``group``: how many consecutive hypotheses share each row.
+        ``--print-alignment`` or its absence, decides for fairseq-generate),
+        else [];
+      * ``group``: [a 1-element tensor], how many consecutive hypotheses share each row.
     """
+
+    alignment_request: Optional[bool]
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
+        self.alignment_request = None  # an instance attribute, typed above, for TorchScript
         num_memories = cfg.decoder.layers if cfg.memory_per_layer else 1
         self.writers = nn.ModuleList(
             MemoryWrite(cfg.encoder.embed_dim, cfg.memory_k, cfg.memory_encoder_score,
@@ -85,17 +103,24 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
-        out = super().forward(src_tokens, src_lengths, False, token_embeddings)
+        out = self.forward_scriptable(src_tokens, src_lengths, False, token_embeddings)
         states = out["encoder_out"][0].transpose(0, 1)  # S x B x d -> B x S x d
         padding_mask = out["encoder_padding_mask"][0]
-        written = [writer.write(states, padding_mask) for writer in self.writers]
-        encoder_out = {"memory": torch.stack([C for C, _ in written], dim=1), "group": 1}
-        if self.keep_alignment:
-            encoder_out["alpha"] = torch.stack([alpha for _, alpha in written], dim=1)
-        return encoder_out
+        memories: List[Tensor] = []
+        alphas: List[Tensor] = []
+        for writer in self.writers:
+            C, alpha = writer.write(states, padding_mask)
+            memories.append(C)
+            alphas.append(alpha)
+        kept: List[Tensor] = [torch.stack(alphas, dim=1)] if self.keep_alignment else []
+        return {"memory": [torch.stack(memories, dim=1)], "alpha": kept,
+                "group": [group_tensor(1)]}
 
-    def reorder_encoder_out(self, encoder_out, new_order):
-        return select_shared_group(encoder_out, new_order)
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        tensors = encoder_out["memory"] + encoder_out["alpha"]
+        tensors, group = select_rows(tensors, new_order, int(encoder_out["group"][0]))
+        return {"memory": tensors[:1], "alpha": tensors[1:], "group": [group_tensor(group)]}
 
     def max_positions(self):
         # fairseq filters or refuses longer sources, so none exceeds Eq. 10's S.
@@ -103,22 +128,41 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         limit = super().max_positions()
         return limit if covered is None else min(limit, covered)
 
+    @torch.jit.unused
     def make_generation_fast_(self, need_attn=False, **kwargs):
         # fairseq passes print_alignment itself, None when it is not given: that is a "no".
         self.keep_alignment = bool(need_attn)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A checkpoint saved before --memory-position-window was a default has
+        no window widths and a config without the option: it was trained
+        without the window, so its writers are loaded without one."""
+        for index, writer in enumerate(self.writers):
+            prefix = f"{name}.writers.{index}."
+            if (writer.window_log_width is not None and prefix + "W_alpha.weight" in state_dict
+                    and prefix + "window_log_width" not in state_dict):
+                logger.info(f"{prefix}window_log_width is not in the checkpoint: it was trained "
+                            f"without --memory-position-window, and is loaded without it")
+                writer.window_log_width = None
+        return super().upgrade_state_dict_named(state_dict, name)
+
 
 class MemoryRead(FairseqIncrementalState, nn.Module):
     """A decoder layer's read of the memory, in the place (and with the call
-    signature) of fairseq's encoder-attention; ``key`` and ``value`` are the
-    whole ``encoder_out`` of :class:`MemAttnTransformerEncoder`, of which this
-    layer reads memory ``memory_index``.
+    signature) of fairseq's encoder-attention. fairseq's decoder hands every
+    layer two tensors: ``key`` (= ``value``) are the memories B x M x K x d
+    (``encoder_out["memory"][0]``), of which this layer reads memory
+    ``memory_index``, and ``key_padding_mask`` is alpha B x M x S x K when
+    alignments are kept (``encoder_out["alpha"]``), else None: the memory has
+    no padding.
 
     Subclasses say what is derived from the memory once per source
     (``project_memory``) and how a batch of queries reads it (``read``).
-    Returned weights are over source positions: the read weights (over the K
-    rows) times alpha^T, per head (H x N x T x S) with ``need_head_weights``,
-    as fairseq's decoder expects for its alignments.
+    Returned weights, with ``need_weights`` or ``need_head_weights`` and
+    alpha given, are over source positions: the read weights (over the K
+    rows) times alpha^T (Sec. 5), per head (H x N x T x S) with
+    ``need_head_weights``, as fairseq's decoder expects for its alignments;
+    otherwise None, and the O(K |S|) product is not computed.
     """
 
     def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
@@ -129,28 +173,26 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
         """(output B x T' x D, weights B x H x T' x K) for queries B x T' x D."""
         raise NotImplementedError
 
-    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
-                need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
-                need_head_weights=False):
-        encoder_out = key
-        cache = self.get_incremental_state(incremental_state, "memory")
-        if cache is None:
-            # The memory is written in float32 (attention.sum_of_products); a
-            # half-precision layer reads it in its own dtype.
-            cache = self.project_memory(encoder_out["memory"][:, self.memory_index].to(query.dtype))
-            cache["group"] = encoder_out["group"]
-            self.set_incremental_state(incremental_state, "memory", cache)
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+        assert key is not None, "a memory read needs the memory (encoder_out)"
+        memories, alpha = key, key_padding_mask
         steps, hypotheses, dim = query.shape
-        rows = encoder_out["memory"].size(0)
+        rows = memories.size(0)
         group = hypotheses // rows
+        cache = self.cached_memory(incremental_state, memories, query.dtype, group)
         # The hypotheses sharing a row are read as extra query steps of that row.
         x = query.transpose(0, 1).reshape(rows, group * steps, dim)
         out, weights = self.read(x, cache)
         out = out.reshape(hypotheses, steps, -1).transpose(0, 1)
 
-        if not (need_weights or need_head_weights) or "alpha" not in encoder_out:
+        if not (need_weights or need_head_weights) or alpha is None:
             return out, None
-        alpha = encoder_out["alpha"][:, self.memory_index]  # B x S x K
+        alpha = alpha[:, self.memory_index]  # B x S x K
         # Sec. 5: the alignment over source tokens is the read weights times alpha^T.
         align = torch.matmul(weights.to(alpha.dtype), alpha.transpose(1, 2).unsqueeze(1))  # B x H x gT x S
         heads = align.size(1)
@@ -158,18 +200,60 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
         align = align.reshape(heads, hypotheses, steps, -1)
         return out, (align if need_head_weights else align.mean(dim=0))
 
-    def reorder_incremental_state(self, incremental_state, new_order):
-        cache = self.get_incremental_state(incremental_state, "memory")
-        if cache is None:
+    def cached_memory(self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+                      memories: Tensor, dtype: torch.dtype, group: int) -> Dict[str, Tensor]:
+        """project_memory of this layer's memory, once per source while decoding step by step."""
+        saved = self.get_incremental_state(incremental_state, "memory")
+        cache: Dict[str, Tensor] = {}
+        if saved is not None:
+            for name, tensor in saved.items():
+                if tensor is not None and name != "group":
+                    cache[name] = tensor
+            return cache
+        # The memory is written in float32 (attention.sum_of_products); a
+        # half-precision layer reads it in its own dtype.
+        cache = self.project_memory(memories[:, self.memory_index].to(dtype))
+        if incremental_state is not None:
+            stored: Dict[str, Optional[Tensor]] = {"group": group_tensor(group)}
+            for name, tensor in cache.items():
+                stored[name] = tensor
+            self.set_incremental_state(incremental_state, "memory", stored)
+        return cache
+
+    def _set_input_buffer(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                          buffer: Dict[str, Optional[Tensor]]):
+        # fairseq's decoder layer reaches its encoder-attention's cache by this
+        # name (its prev_attn_state argument)
+        return self.set_incremental_state(incremental_state, "memory", buffer)
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                                  new_order: Tensor):
+        saved = self.get_incremental_state(incremental_state, "memory")
+        if saved is None:
             return
-        self.set_incremental_state(incremental_state, "memory", select_shared_group(cache, new_order))
+        names: List[str] = []
+        tensors: List[Tensor] = []
+        group = 1
+        for name, tensor in saved.items():
+            if tensor is not None:
+                if name == "group":
+                    group = int(tensor[0])
+                else:
+                    names.append(name)
+                    tensors.append(tensor)
+        tensors, group = select_rows(tensors, new_order, group)
+        reordered: Dict[str, Optional[Tensor]] = {"group": group_tensor(group)}
+        for name, tensor in zip(names, tensors):
+            reordered[name] = tensor
+        self.set_incremental_state(incremental_state, "memory", reordered)
 
 
 class MemoryAttentionRead(MemoryRead, MultiheadAttention):
     """``--memory-read attention``: fairseq's multi-head encoder-attention
-    (its parameters, initialisation and dropout) over the K memory rows instead
-    of the |S| states. Keys and values (B x H x K x d/H) are projected once per
-    source; the memory has no padding, so no mask is needed."""
+    (its parameters, initialisation, dropout and quant-noise) over the K memory
+    rows instead of the |S| states. Keys and values (B x H x K x d/H) are
+    projected once per source; the memory has no padding, so no mask is needed."""
 
     def __init__(self, embed_dim, num_heads, memory_dim, dropout, memory_index,
                  q_noise=0.0, qn_block_size=8):
@@ -182,11 +266,11 @@ class MemoryAttentionRead(MemoryRead, MultiheadAttention):
         """B x L x D -> B x H x L x D/H"""
         return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
 
-    def project_memory(self, contexts):
+    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
         return {"key": self.split_heads(self.k_proj(contexts)),
                 "value": self.split_heads(self.v_proj(contexts))}
 
-    def read(self, query, cache):
+    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         q = self.split_heads(self.q_proj(query) * self.scaling)
         scores = torch.matmul(q, cache["key"].transpose(2, 3))  # B x H x T' x K
         weights = F.softmax(scores.float(), dim=-1).type_as(scores)
@@ -209,33 +293,48 @@ class MemoryMixRead(MemoryRead):
     allows different encoder and decoder sizes. Since W_o (beta C) = beta (C W_o^T),
     C W_o^T is computed once per source and a step costs O(K D), not O(D^2).
     No keys: beta depends on h alone, as in Eq. 7.
+
+    As the attention read: --attention-dropout drops entries of beta in
+    training (the returned weights are beta before dropout), and quant-noise
+    (--quant-noise-pq) wraps W_beta and W_o.
     """
 
-    def __init__(self, embed_dim, memory_dim, num_contexts, decoder_score, memory_index):
+    def __init__(self, embed_dim, memory_dim, num_contexts, decoder_score, memory_index,
+                 dropout=0.0, q_noise=0.0, qn_block_size=8):
         super().__init__()
         _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
         self.decoder_score = decoder_score
         self.memory_index = memory_index
-        self.W_beta = nn.Linear(embed_dim, num_contexts, bias=False)  # Eq. 7
-        self.out_proj = nn.Linear(memory_dim, embed_dim)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.W_beta = quant_noise(nn.Linear(embed_dim, num_contexts, bias=False), q_noise, qn_block_size)  # Eq. 7
+        self.out_proj = quant_noise(nn.Linear(memory_dim, embed_dim), q_noise, qn_block_size)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def project_memory(self, contexts):
-        return {"value": F.linear(contexts, self.out_proj.weight)}  # C W_o^T: B x K x D
+    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
+        # C W_o^T (B x K x D), through out_proj itself so that its quant-noise
+        # applies; its bias is added once per output in read.
+        return {"value": self.out_proj(contexts) - self.out_proj.bias}
 
-    def read(self, query, cache):
+    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         beta = score_function(self.decoder_score, self.W_beta(query), dim=-1)  # Eq. 7
-        out = torch.matmul(beta, cache["value"]) + self.out_proj.bias  # Eq. 6, projected
+        out = torch.matmul(self.dropout_module(beta), cache["value"]) + self.out_proj.bias  # Eq. 6, projected
         return out, beta.unsqueeze(1)
 
 
 class MemoryReadDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer with its encoder-attention replaced by a memory read."""
+    """fairseq's decoder layer with its encoder-attention replaced by a memory read.
+
+    Its read returns alignments only when the decoder asks for them
+    (``need_attn`` of forward: fairseq's ``alignment_layer``, the last by
+    default), never for every layer in eval mode as fairseq's layers do: a
+    read's alignment costs O(K |S|) per query, the read itself O(K d).
+    """
 
     def __init__(self, cfg, memory_index: int):
         self.memory_index = memory_index  # read by build_encoder_attention during __init__
         super().__init__(cfg)
+        self.need_attn = False
 
     def build_encoder_attention(self, embed_dim, cfg):
         if cfg.memory_read == "attention":
@@ -243,7 +342,12 @@ class MemoryReadDecoderLayer(TransformerDecoderLayerBase):
                                        cfg.attention_dropout, self.memory_index,
                                        self.quant_noise, self.quant_noise_block_size)
         return MemoryMixRead(embed_dim, cfg.encoder.embed_dim, cfg.memory_k,
-                             cfg.memory_decoder_score, self.memory_index)
+                             cfg.memory_decoder_score, self.memory_index, cfg.attention_dropout,
+                             self.quant_noise, self.quant_noise_block_size)
+
+    @torch.jit.unused
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        self.need_attn = False  # the decoder asks its alignment layer (see above)
 
 
 class MemAttnTransformerDecoder(TransformerDecoderBase):
@@ -262,13 +366,19 @@ class MemAttnTransformerDecoder(TransformerDecoderBase):
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
         return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
 
-    def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None,
-                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
-        # fairseq's decoder passes encoder_out["encoder_out"][0] untouched to every
-        # layer's encoder-attention: each read gets the whole memory dict there.
-        return super().extract_features(
-            prev_output_tokens, {"encoder_out": [encoder_out], "encoder_padding_mask": []},
-            incremental_state, full_context_alignment, alignment_layer, alignment_heads)
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                         full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                         alignment_heads: Optional[int] = None):
+        # fairseq's decoder passes encoder_out["encoder_out"][0] and
+        # ["encoder_padding_mask"][0], if any, to every layer's encoder-attention:
+        # here the memories and alpha (see MemoryRead), tensors, as activation
+        # checkpointing needs them.
+        layer_inputs: Optional[Dict[str, List[Tensor]]] = None
+        if encoder_out is not None:
+            layer_inputs = {"encoder_out": encoder_out["memory"], "encoder_padding_mask": encoder_out["alpha"]}
+        return self.extract_features_scriptable(prev_output_tokens, layer_inputs, incremental_state,
+                                                full_context_alignment, alignment_layer, alignment_heads)
 
 
 @register_model("memattn_transformer")
@@ -307,6 +417,16 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         fill_position_max_len(args, task)
         return super().build_model(args, task)
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's, with the pruning of --encoder-layers-to-keep and
+        --decoder-layers-to-keep done here (fairseq's prune_state_dict, which
+        is then skipped, renumbers the decoder's layers but not the writers of
+        --memory-per-layer, and given only one of the two options drops the
+        other side's layers): each kept decoder layer keeps its own writer."""
+        cfg = model_cfg if model_cfg is not None else args
+        state_dict = keep_layers(state_dict, cfg, bool(getattr(cfg, "memory_per_layer", False)))
+        return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
+
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         return MemAttnTransformerEncoder(TransformerConfig.from_namespace(cfg), src_dict, embed_tokens)
@@ -314,6 +434,40 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return MemAttnTransformerDecoder(TransformerConfig.from_namespace(cfg), tgt_dict, embed_tokens)
+
+
+def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
+    """The state dict of the layers that ``cfg``'s *_layers_to_keep keep, renumbered
+    from 0 in their order, as fairseq builds the pruned model; with
+    ``writers_follow_decoder`` (--memory-per-layer) writer N goes with
+    decoder layer N. Like fairseq's prune_state_dict, it clears the options
+    in ``cfg`` afterwards: the state is pruned."""
+    prunings = []
+    for option, prefixes in (("encoder_layers_to_keep", ["encoder.layers"]),
+                             ("decoder_layers_to_keep", ["decoder.layers"] + ["encoder.writers"] * writers_follow_decoder)):
+        kept = getattr(cfg, option, None) if cfg is not None else None
+        if kept:
+            numbers = sorted(int(n) for n in (kept.split(",") if isinstance(kept, str) else kept))
+            prunings += [(prefix, numbers) for prefix in prefixes]
+    if not prunings:
+        return state_dict
+    logger.info("pruning the checkpoint to the kept layers: " + ", ".join(
+        f"{prefix} {numbers}" for prefix, numbers in prunings))
+    pruned = {}
+    for name, tensor in state_dict.items():
+        for prefix, numbers in prunings:
+            match = re.match(re.escape(prefix) + r"\.(\d+)\.(.*)", name)
+            if match:
+                if int(match.group(1)) in numbers:
+                    pruned[f"{prefix}.{numbers.index(int(match.group(1)))}.{match.group(2)}"] = tensor
+                break
+        else:
+            pruned[name] = tensor
+    with open_dict(cfg) if isinstance(cfg, DictConfig) else contextlib.nullcontext():
+        for option in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+            if hasattr(cfg, option):
+                setattr(cfg, option, None)
+    return pruned
 
 
 def check_memory_options(args):

@@ -57,7 +57,10 @@ def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:
     Unlike -inf this keeps a fully masked row finite under softmax (it becomes
     uniform instead of NaN), and it is representable in float16 and bfloat16.
     """
-    return scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    # nan_to_num turns -inf into the dtype's most negative finite value, as
+    # torch.finfo(dtype).min, which TorchScript does not have.
+    lowest = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device).nan_to_num()
+    return scores.masked_fill(mask, lowest)
 
 
 def widen(x: Tensor) -> Tensor:
@@ -75,6 +78,10 @@ def sum_of_products(a: Tensor, b: Tensor) -> Tensor:
     autocast (--amp), which would otherwise cast bmm back to half; float32 and
     float64 inputs go through unchanged, with identical results.
     """
+    if torch.jit.is_scripting():
+        # TorchScript takes only constant devices here (and ignores autocast)
+        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+            return torch.bmm(widen(a), widen(b))
     with torch.autocast(a.device.type, enabled=False):
         return torch.bmm(widen(a), widen(b))
 
@@ -101,7 +108,8 @@ class AlignmentSwitch:
         default (None) they are kept in eval mode only, as fairseq's LSTM returns
         its attention; make_generation_fast_ sets True or False (fairseq-generate
         passes --print-alignment)."""
-        return not self.training if self.alignment_request is None else self.alignment_request
+        request = self.alignment_request  # a local, which TorchScript can refine from Optional
+        return not self.training if request is None else request
 
     @keep_alignment.setter
     def keep_alignment(self, value: Optional[bool]) -> None:

@@ -2,7 +2,7 @@
 decoder derives from it once per source) holds one row per source, shared by
 the ``group`` consecutive hypotheses of that source. Used by both models."""
 
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -29,20 +29,23 @@ def share_rows(new_order: Tensor, group: int) -> Tuple[Tensor, int]:
     return rows, 1
 
 
-def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
+def select_rows(tensors: List[Tensor], new_order: Tensor, group: int) -> Tuple[List[Tensor], int]:
     """Reorder tensors holding one row per ``group`` hypotheses (see
     :func:`share_rows`); returns (tensors, new group). The usual beam step
-    moves hypotheses only within their source's block and copies nothing."""
+    moves hypotheses only within their source's block and copies nothing.
+    TorchScript-compatible, for the Transformer's typed ``encoder_out``."""
     rows, new_group = share_rows(new_order, group)
-    size = next(iter(tensors.values())).size(0)
+    if len(tensors) == 0:
+        return tensors, new_group
+    size = tensors[0].size(0)
     if rows.numel() == size and torch.equal(rows, torch.arange(size, device=rows.device)):
         return tensors, new_group
-    return {name: t.index_select(0, rows) for name, t in tensors.items()}, new_group
+    return [t.index_select(0, rows) for t in tensors], new_group
 
 
-def select_shared_group(grouped: Dict[str, object], new_order: Tensor) -> Dict[str, object]:
-    """:func:`select_shared_rows` for a dict that carries its own ``group``
-    beside its tensors (an ``encoder_out``, a decoder's per-source cache)."""
-    tensors = {name: t for name, t in grouped.items() if name != "group"}
-    tensors, group = select_shared_rows(tensors, new_order, grouped["group"])
-    return {**tensors, "group": group}
+def select_shared_rows(tensors: Dict[str, Tensor], new_order: Tensor, group: int):
+    """:func:`select_rows` for a dict of tensors; returns (tensors, new group)."""
+    names = list(tensors)
+    selected, new_group = select_rows([tensors[name] for name in names], new_order, group)
+    return dict(zip(names, selected)), new_group
+

@@ -31,9 +31,9 @@ def spread(model, sources, lengths):
     model.eval()
     model.encoder.keep_alignment = True
     out = model.encoder(sources, lengths)
-    alpha = out["alpha"][:, 0]  # B x S x K; padding has alpha = 0
+    alpha = out["alpha"][0][:, 0]  # B x S x K; padding has alpha = 0
     entropy = -(alpha * alpha.clamp_min(1e-12).log()).sum(dim=1)  # B x K
-    rows = F.normalize(out["memory"][:, 0], dim=-1)
+    rows = F.normalize(out["memory"][0][:, 0], dim=-1)
     K = rows.size(1)
     cosine = ((rows @ rows.transpose(1, 2)).sum(dim=(1, 2)) - K) / (K * (K - 1))
     return entropy.exp().mean().item(), cosine.mean().item()
