@@ -6,6 +6,7 @@ made), with the sizes and update counts made tiny; each must succeed and produce
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -117,8 +118,10 @@ def test_shrink_makes_the_commands_tiny():
 def test_readme_copy_task_commands_run(blocks, tmp_path):
     for index, (language, body) in enumerate(blocks):
         code = shrink(body) if language == "bash" else body
-        start = time.monotonic()
+        start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
         result = run_block(language, code, str(tmp_path))
-        print(f"README block {index + 1}: {time.monotonic() - start:.1f} s")
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(f"README block {index + 1}: {time.monotonic() - start:.1f} s, CPU "
+              f"{used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime:.1f} s")
         assert result.returncode == 0, f"README block {index + 1} failed:\n{code}\n{result.stderr[-3000:]}"
         check_outputs(code, result, str(tmp_path))
