@@ -18,7 +18,7 @@ except Exception as error:  # pragma: no cover - depends on the user's install
         "fairseq==0.12.2 does not import on Python 3.11. See README.md."
     ) from error
 
-from . import checkpoint_safety, models, tasks  # noqa: F401,E402
+from . import checkpoint_safety, errors, models, tasks  # noqa: F401,E402
 
 checkpoint_safety.allow_fairseq_checkpoints()
-checkpoint_safety.explain_checkpoint_errors()
+errors.explain_errors()

@@ -13,17 +13,16 @@ the dtypes of numbers are allowlisted, so an object dtype cannot be rebuilt.
 
 torch explains such a refusal with a long message whose advice is to allowlist
 the offending global or to pass ``weights_only=False``, i.e. to let the file run
-its code; a truncated checkpoint ends in an error from deep inside torch
-("OSError: [Errno 22] Invalid argument"). fairseq's command lines let these
-errors end the process, so we replace their report (only errors raised inside
-torch.load) with a short explanation of what happened and what to do.
+its code; a file that is no checkpoint at all gets the same refusal, and a
+truncated checkpoint ends in an error from deep inside torch ("OSError: [Errno 22]
+Invalid argument"). ``checkpoint_error_message`` says instead, in one paragraph,
+what happened and what to do (``errors.py`` prints it in place of the traceback).
 """
 
 import argparse
 import os
 import pickle
 import re
-import sys
 import traceback
 from typing import Optional
 
@@ -66,14 +65,48 @@ def _torch_load_frame(tb):
     return None
 
 
+def looks_like_torch_save(path: str) -> bool:
+    """Whether a file starts as torch.save writes: a zip archive, or (before torch 1.6, or
+    with _use_new_zipfile_serialization=False) a pickle of protocol 2."""
+    with open(path, "rb") as file:
+        start = file.read(4)
+    return start.startswith(b"PK\x03\x04") or start.startswith(b"\x80\x02")
+
+
+def not_a_checkpoint(path: str, what: str) -> str:
+    return (f"fairseq_memattn: {path} is not a fairseq checkpoint ({what}): give the .pt file "
+            "fairseq-train saved (checkpoint_best.pt, checkpoint_last.pt, checkpointN.pt, ...)")
+
+
+def loaded_non_checkpoint_message(tb) -> Optional[str]:
+    """An error of fairseq reading what torch.load returned, when that is not the dict
+    fairseq-train saves (e.g. a file of torch.save(tensor)); None otherwise."""
+    for frame, _ in traceback.walk_tb(tb):
+        if (frame.f_globals.get("__name__") == "fairseq.checkpoint_utils"
+                and frame.f_code.co_name in ("load_checkpoint_to_cpu", "load_model_ensemble_and_task")
+                and frame.f_locals.get("state") is not None):
+            state = frame.f_locals["state"]
+            if isinstance(state, dict) and "model" in state:
+                return None
+            path = frame.f_locals.get("path", frame.f_locals.get("filename", "the file"))
+            kind = (f"a dict without 'model' (keys: {', '.join(map(str, list(state)[:5]))})"
+                    if isinstance(state, dict) else f"a {type(state).__name__}")
+            return not_a_checkpoint(path, f"torch.load gives {kind}, not the dict of a fairseq save")
+    return None
+
+
 def checkpoint_error_message(error: BaseException, tb) -> Optional[str]:
-    """One paragraph for an error torch.load raised, or None for any other error."""
+    """One paragraph for an error torch.load raised, or fairseq raised reading what it
+    loaded; None for any other error."""
     frame = _torch_load_frame(tb)
     if frame is None:
-        return None
+        return loaded_non_checkpoint_message(tb)
     source = frame.f_locals.get("f")
     path = getattr(source, "name", source)
     path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "a checkpoint"
+    if os.path.isfile(path) and not looks_like_torch_save(path):
+        return not_a_checkpoint(path, "not a file torch.save writes: neither a zip archive nor a "
+                                      "legacy torch pickle")
     if isinstance(error, pickle.UnpicklingError) and _REFUSED in str(error):
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         reason = (f"its pickle calls {found.group(1)}" if found
@@ -92,21 +125,3 @@ def checkpoint_error_message(error: BaseException, tb) -> Optional[str]:
         "can leave checkpoint_last.pt cut short: resume from another checkpoint of the same save "
         "(checkpointN.pt or checkpoint_N_U.pt) with --restore-file."
     )
-
-
-def explain_checkpoint_errors():
-    """Install a sys.excepthook that reports an error of torch.load in one
-    paragraph and leaves every other uncaught exception to the previous hook."""
-    previous = sys.excepthook
-    if getattr(previous, "explains_checkpoint_errors", False):
-        return
-
-    def hook(kind, error, tb):
-        message = checkpoint_error_message(error, tb)
-        if message is None:
-            previous(kind, error, tb)
-        else:
-            print(message, file=sys.stderr)
-
-    hook.explains_checkpoint_errors = True
-    sys.excepthook = hook

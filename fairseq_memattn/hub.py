@@ -15,8 +15,12 @@ plain translation does not need and does not do.
 
 import contextlib
 
+import torch
+
 from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
+
+from .models.memory_options import position_encoding_limit, source_too_long
 
 
 class MemAttnHubModel:
@@ -61,9 +65,23 @@ class MemAttnHubInterface(GeneratorHubInterface):
         for "hard" as the bare --print-alignment flag) each hypothesis also has
         "alignment" (hard: (source, target) token index pairs, without EOS) and
         "attention" (source x target weights)."""
+        if not kwargs.get("skip_invalid_size_inputs"):
+            self.check_lengths(tokenized_sentences)
         if kwargs.get("print_alignment") is True:
             kwargs["print_alignment"] = "hard"
         if not kwargs.get("print_alignment"):
             return super().generate(tokenized_sentences, beam, verbose, **kwargs)
         with attention_returned(self.models):
             return super().generate(tokenized_sentences, beam, verbose, **kwargs)
+
+    def check_lengths(self, tokenized_sentences):
+        """A source longer than the position encodings' S (Eq. 10) stops here, naming the
+        option, instead of in fairseq's batching with advice for its command lines."""
+        limits = [limit for limit in map(position_encoding_limit, self.models) if limit is not None]
+        if not limits:
+            return
+        one = torch.is_tensor(tokenized_sentences) and tokenized_sentences.dim() == 1
+        sentences = [tokenized_sentences] if one else tokenized_sentences
+        for index, tokens in enumerate(sentences):
+            if tokens.numel() > min(limits):
+                raise ValueError(source_too_long(f"sentence {index}", tokens.numel(), min(limits)))

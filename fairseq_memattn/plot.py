@@ -593,6 +593,9 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         alignments = run(args)
+    except OSError as error:  # a data directory or file of the task's options that is not there
+        print(f"{PROG}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(2)
     except PlotError as error:
         # argparse's format, without the usage: fairseq's parser has hundreds of options.
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -69,7 +69,7 @@ def accuracy_by_length(hypotheses: List[str], references: List[str], width: int)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fairseq_memattn.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("generate_output", help="file written by fairseq-generate ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--by-length", type=int, metavar="WIDTH",
@@ -77,7 +77,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.by_length is not None and args.by_length < 1:
         parser.error(f"--by-length: {args.by_length} (must be >= 1)")
-    stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
+    try:
+        stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
+    except OSError as error:
+        parser.error(f"{args.generate_output}: {error.strerror}")
     with stream:
         try:
             hypotheses, references = read_generate_output(stream)

@@ -103,4 +103,4 @@ def test_bad_option_is_reported_before_training(tmp_path):
                  "--memory-k", "0", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8",
                  "--max-update", "1", "--cpu", "--save-dir", str(tmp_path), check=False)
     assert result.returncode != 0
-    assert "invalid --memory-k: 0 (must be an integer >= 1)" in result.stderr
+    assert "argument --memory-k: invalid value 0 (must be an integer >= 1)" in result.stderr

@@ -131,9 +131,10 @@ def test_truncated_checkpoint_gets_a_clear_message(loads):
 
 
 def test_overrides_that_do_not_fit_name_both_values(loads):
-    assert final_error(loads["overrides"]).startswith(
-        "ValueError: the checkpoint does not fit the model: checkpoint has memory_k=4 but the "
-        "model was built with memory_k=8 (")
+    assert final_error(loads["overrides"]).startswith("fairseq-generate: error: ")
+    assert final_error(loads["overrides"]).endswith(
+        " does not fit the model: checkpoint has memory_k=4 but the model was built with memory_k=8; "
+        "--model-overrides sets memory_k: remove it from --model-overrides")
 
 
 @pytest.mark.parametrize("saved, built, message", [

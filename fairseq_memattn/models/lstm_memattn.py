@@ -29,7 +29,9 @@ from ..modules.attention import (
     build_attention,
 )
 from ..modules.beam_sharing import select_shared_rows
-from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
+from ..checkpoint_fit import checkpoint_misfit, differing
+from .memory_options import (add_memory_args, fill_position_max_len, memory_defaults,
+                             positive_int, probability_below_one)
 
 logger = logging.getLogger(__name__)
 
@@ -295,14 +297,14 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
 
     @staticmethod
     def add_args(parser):
-        parser.add_argument("--encoder-embed-dim", type=int, metavar="N")
-        parser.add_argument("--encoder-hidden-size", type=int, metavar="N",
-                            help="units per direction of the bidirectional encoder")
-        parser.add_argument("--encoder-layers", type=int, metavar="N")
-        parser.add_argument("--decoder-embed-dim", type=int, metavar="N")
-        parser.add_argument("--decoder-hidden-size", type=int, metavar="N")
-        parser.add_argument("--decoder-layers", type=int, metavar="N")
-        parser.add_argument("--dropout", type=float, metavar="P",
+        for option, meaning in (("--encoder-embed-dim", "source token embedding size"),
+                                ("--encoder-hidden-size", "units per direction of the bidirectional encoder"),
+                                ("--encoder-layers", "number of bidirectional encoder LSTM layers"),
+                                ("--decoder-embed-dim", "target token embedding size"),
+                                ("--decoder-hidden-size", "units of each decoder LSTM layer"),
+                                ("--decoder-layers", "number of decoder LSTM layers")):
+            parser.add_argument(option, type=positive_int, metavar="N", help=meaning)
+        parser.add_argument("--dropout", type=probability_below_one, metavar="P",
                             help="dropout on the input of every LSTM cell and on the output layer")
         parser.add_argument("--input-feeding", action="store_true",
                             help="feed the previous context into the decoder input")
@@ -310,12 +312,18 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
                             help="output layer softmax(W_o tanh(W_m [h; c])) instead of Eq. 3's "
                                  "softmax(W [h; c]): Luong et al.'s attentional hidden state, as in "
                                  "google/seq2seq (the paper's implementation) and fairseq's lstm")
-        parser.add_argument("--attention-type", choices=ATTENTION_TYPES)
-        parser.add_argument("--attention-dim", type=int, metavar="N",
+        parser.add_argument("--attention-type", choices=ATTENTION_TYPES,
+                            help="the decoder's attention: memory (the paper's fixed-size memory, "
+                                 "Sec. 3), one over all encoder states (additive, general, dot, "
+                                 "scaled_dot: Eq. 1-2), de Brebisson & Vincent's linear or "
+                                 "gated_linear, or none")
+        parser.add_argument("--attention-dim", type=positive_int, metavar="N",
                             help="hidden size of additive attention (default: decoder hidden size)")
         add_memory_args(parser)
-        parser.add_argument("--max-source-positions", type=int, metavar="N")
-        parser.add_argument("--max-target-positions", type=int, metavar="N")
+        parser.add_argument("--max-source-positions", type=positive_int, metavar="N",
+                            help="longest source in tokens (EOS included) the model accepts")
+        parser.add_argument("--max-target-positions", type=positive_int, metavar="N",
+                            help="longest target in tokens (EOS included) the model generates")
 
     @classmethod
     def build_model(cls, args, task):
@@ -427,18 +435,9 @@ def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
 
 def check_checkpoint_fits(checkpoint_state, model_state) -> None:
     """Fail with the options that differ, instead of torch's tensor shapes."""
-    saved, built = shape_options(checkpoint_state), shape_options(model_state)
-    differences = [
-        f"checkpoint has {name}={saved[name]} but the model was built with {name}={built[name]}"
-        for name in saved
-        if None not in (saved[name], built[name]) and saved[name] != built[name]
-    ]
+    differences = differing(shape_options(checkpoint_state), shape_options(model_state))
     if differences:
-        raise ValueError(
-            "the checkpoint does not fit the model: " + "; ".join(differences)
-            + " (the model's options come from the checkpoint and --model-overrides, "
-            "the vocabulary sizes from the task's dictionaries)"
-        )
+        raise checkpoint_misfit(differences)
 
 
 def check_sizes(args):

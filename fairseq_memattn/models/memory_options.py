@@ -3,23 +3,55 @@ from the training data: shared by the LSTM and the Transformer models."""
 
 import argparse
 import logging
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 from fairseq import utils
 
-from ..modules.attention import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS
+from ..modules.attention import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
+
+
+def integer_at_least(minimum: int):
+    """An argparse ``type=``: an integer >= minimum, else argparse's one-line error
+    ("argument --memory-k: invalid value 0 (must be an integer >= 1)") before anything runs."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r} (must be an integer >= {minimum})")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"invalid value {value} (must be an integer >= {minimum})")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def probability_below_one(text: str) -> float:
+    """An argparse ``type=`` for a dropout probability: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r} (must be a number in [0, 1))")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"invalid value {value:g} (must be a number in [0, 1))")
+    return value
+
+
+positive_int = integer_at_least(1)
 
 
 def add_memory_args(parser):
     """The options of memory attention (Sec. 3), shared by the LSTM and the
     Transformer models."""
-    parser.add_argument("--memory-k", type=int, metavar="K",
+    parser.add_argument("--memory-k", type=positive_int, metavar="K",
                         help="number of attention contexts K of memory attention")
-    parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS)
-    parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS)
+    parser.add_argument("--memory-encoder-score", choices=SCORE_FUNCTIONS,
+                        help="score of the write, Eq. 5: alpha = softmax or sigmoid of W_alpha s_t")
+    parser.add_argument("--memory-decoder-score", choices=SCORE_FUNCTIONS,
+                        help="score of the read, Eq. 7: beta = softmax or sigmoid of W_beta h_i")
     parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
                         help="axis of an encoder-side softmax: over the K contexts as in "
                              "Eq. 5 (contexts) or over source positions (time)")
@@ -36,7 +68,7 @@ def add_memory_args(parser):
                              "(default: on for transformer_memattn's attention read, else off)")
     parser.add_argument("--no-memory-position-window", dest="memory_position_window",
                         action="store_false", default=argparse.SUPPRESS, help="turn the window off")
-    parser.add_argument("--memory-position-max-len", type=int, metavar="S",
+    parser.add_argument("--memory-position-max-len", type=positive_int, metavar="S",
                         help="S of Eq. 10, the longest source (tokens, EOS included) the position "
                              "encodings cover; default: the longest source of the training data, "
                              "read when the model is built for training and kept in the checkpoint")
@@ -120,3 +152,19 @@ def longest_training_source(args, task) -> int:
     logger.info(f"position encodings (Eq. 10): S = {longest}, the longest source of the {split!r} "
                 f"split (EOS included); kept in the checkpoint as --memory-position-max-len {longest}")
     return longest
+
+
+def position_encoding_limit(model) -> Optional[int]:
+    """S of Eq. 10 that a model's position encodings cover (its longest source), or None
+    when it has none."""
+    limits = [module.position_encoding_max_len for module in model.modules()
+              if isinstance(module, MemoryWrite) and module.position_encoding_max_len is not None]
+    return min(limits) if limits else None
+
+
+def source_too_long(which: str, length: int, limit: int) -> str:
+    """The error for a source the position encodings do not cover."""
+    return (f"{which} has {length} tokens (EOS included), more than the S = {limit} that the "
+            f"model's position encodings cover (Eq. 10: --memory-position-max-len {limit}, fixed "
+            f"when the model was trained; train with a larger one for longer sources): shorten or "
+            f"split it")

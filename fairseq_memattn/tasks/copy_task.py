@@ -170,6 +170,8 @@ def main(argv=None):
         export_copy_data(cfg, args.out_dir)
     except ValueError as error:
         parser.error(str(error))
+    except OSError as error:
+        parser.error(f"--out-dir {args.out_dir}: {error.strerror}")
     print(f"wrote {', '.join(SPLITS)} to {args.out_dir}")
 
 

@@ -1,0 +1,107 @@
+"""A checkpoint that does not fit the model built for it, said by option.
+
+A checkpoint records the options that shape its parameters only as tensor
+shapes; reading them back (``lstm_memattn.shape_options``,
+:func:`transformer_shape_options`) lets a misfit be reported as "checkpoint has
+memory_k=4 but the model was built with memory_k=8" and not as torch's list of
+tensor shapes, with the fix that applies where the model's options came from:
+the command line in fairseq-train, the checkpoint's saved options and
+--model-overrides in fairseq-generate, -interactive and the hub.
+"""
+
+import re
+import sys
+from typing import Dict, Tuple
+
+
+def _count(state, prefix: str) -> int:
+    """How many numbered modules ``prefix.N.`` the state dict has."""
+    return len({m.group(1) for name in state for m in [re.match(rf"{re.escape(prefix)}\.(\d+)\.", name)] if m})
+
+
+def transformer_shape_options(state) -> Dict[str, object]:
+    """transformer_memattn's options that decide parameter shapes, read back from a state dict."""
+    def dim(name, axis):
+        return state[name].shape[axis] if name in state else None
+
+    writers = _count(state, "encoder.writers")
+    return {
+        "memory_k": dim("encoder.writers.0.W_alpha.weight", 0),
+        "memory_position_window": "encoder.writers.0.window_log_width" in state if writers else None,
+        "memory_per_layer": writers > 1 if writers else None,
+        "memory_read": "mix" if any(".encoder_attn.W_beta." in name for name in state) else "attention",
+        "encoder_embed_dim": dim("encoder.embed_tokens.weight", 1),
+        "decoder_embed_dim": dim("decoder.embed_tokens.weight", 1),
+        "encoder_layers": _count(state, "encoder.layers"),
+        "decoder_layers": _count(state, "decoder.layers"),
+        "source vocabulary size": dim("encoder.embed_tokens.weight", 0),
+        "target vocabulary size": dim("decoder.embed_tokens.weight", 0),
+    }
+
+
+def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, Tuple[object, object]]:
+    """{name: (checkpoint's, model's)} for the options both tell and that differ."""
+    return {name: (saved[name], built[name]) for name in saved
+            if None not in (saved[name], built.get(name)) and saved[name] != built[name]}
+
+
+def loading_context(frame=None):
+    """Where the options of the model a checkpoint is being loaded into came from, read off
+    the call stack: ("train", path, None) when fairseq's Trainer restores a checkpoint into
+    the model built from the command line (--restore-file, or --save-dir's
+    checkpoint_last.pt); ("saved", path, overrides) when fairseq builds the model from the
+    checkpoint's saved options and --model-overrides (fairseq-generate, -interactive,
+    -validate, the hub, our plot); (None, None, None) otherwise (a model built in Python).
+    ``frame``: where to start looking (default: the caller)."""
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        module, function = frame.f_globals.get("__name__"), frame.f_code.co_name
+        if module == "fairseq.trainer" and function == "load_checkpoint":
+            return "train", frame.f_locals.get("filename"), None
+        if module == "fairseq.checkpoint_utils" and function == "load_model_ensemble_and_task":
+            return "saved", frame.f_locals.get("filename"), frame.f_locals.get("arg_overrides") or {}
+        frame = frame.f_back
+    return None, None, None
+
+
+def as_option(name: str, value) -> str:
+    """A saved value as the command line gives it: --memory-k 8, --input-feeding, ..."""
+    if name.endswith("vocabulary size"):
+        return f"a {name} of {value}"
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+        return flag
+    if value is False:
+        return f"no {flag}"
+    return f"{flag} {str(value).replace('/', ' or ')}"
+
+
+def checkpoint_misfit(differences: Dict[str, Tuple[object, object]], frame=None) -> ValueError:
+    """The error for a checkpoint whose weights do not fit the model built for it: each
+    option that differs with both values ({name: (checkpoint's, model's)}), and how to make
+    them fit where the model's options came from in this process (``loading_context`` of
+    ``frame``, by default the caller's)."""
+    context, path, overrides = loading_context(frame or sys._getframe(1))
+    found = "; ".join(f"checkpoint has {name}={saved} but the model was built with {name}={built}"
+                      for name, (saved, built) in differences.items())
+    options = [name for name in differences if not name.endswith("vocabulary size")]
+    fit = [as_option(name, differences[name][0]) for name in options]
+    if len(options) < len(differences):
+        fit.append("the dictionaries it was trained with (its data directory)")
+    fit = ", ".join(fit)
+    if context == "train":
+        fix = (f"the model is built from this command line: to continue training the checkpoint give "
+               f"{fit}; to train a new model use another --save-dir")
+    elif context == "saved":
+        overridden = [name for name in options if name in overrides]
+        if overridden:
+            fix = (f"--model-overrides sets {', '.join(overridden)}: remove "
+                   f"{'it' if len(overridden) == 1 else 'them'} from --model-overrides")
+        else:
+            saved = {name: differences[name][0] for name in options}
+            fix = (f"the checkpoint's saved options do not match its weights: pass "
+                   f"--model-overrides \"{saved}\"" if saved else f"use {fit}")
+    else:
+        fix = f"build the model with {fit}"
+    where = f"{path} " if path else "the checkpoint "
+    return ValueError(f"{where}does not fit the model: {found}; {fix}")
