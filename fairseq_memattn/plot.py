@@ -170,10 +170,11 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     writers = memory_writers(model)
     transformer = is_memory_transformer(model)
     layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
-    read = model.decoder.layers[layer].encoder_attn if transformer else writers[0].W_beta
+    # The module the read's query goes into: the layer's read, or the LSTM's W_beta (Eq. 7).
+    queried = model.decoder.layers[layer].encoder_attn if transformer else writers[0].W_beta
     states, queries = [[] for _ in writers], []
     hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
-    hooks.append(capture_inputs(read, queries, "query" if transformer else "input"))
+    hooks.append(capture_inputs(queried, queries, "query" if transformer else "input"))
     try:
         encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
         model.decoder(teacher_forced_input(model, hypothesis), encoder_out)
@@ -191,11 +192,11 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     memory_index = layer if len(writers) > 1 else 0  # --memory-per-layer: layer l reads memory l
     contexts = written[memory_index][0]
     query = queries[0].transpose(0, 1)  # T x 1 x D -> 1 x T x D
-    _, weights = read.read(query, read.project_memory(contexts.to(query.dtype)))  # 1 x H x T x K
+    _, weights = queried.read(query, queried.project_memory(contexts.to(query.dtype)))  # 1 x H x T x K
     heads = weights.size(1)
     if choice.head is not None and not 0 <= choice.head < heads:
         raise PlotError(f"--head {choice.head} is out of range: layer {layer}'s "
-                        f"{read_mode(read)} read has heads 0..{heads - 1}")
+                        f"{read_mode(queried)} read has heads 0..{heads - 1}")
     last = " (last)" if layer == len(model.decoder.layers) - 1 else ""
     name = f"layer {layer}{last}"
     if heads > 1:

@@ -101,7 +101,8 @@ def test_export_command_rejects_bad_values(tmp_path):
                              "--copy-vocab-size", "0"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": REPO})
     assert result.returncode == 2
-    assert "invalid --copy-vocab-size: 0 (must be >= 1)" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "copy_task.py: error: argument --copy-vocab-size: invalid value 0 (must be an integer >= 1)")
 
 
 def test_scoring_counts_length_zero_examples():

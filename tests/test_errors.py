@@ -81,6 +81,7 @@ def python_m(module, *args, cwd=None):
     ("transformer_memattn", "--memory-position-max-len", "0", "invalid value 0 (must be an integer >= 1)"),
     ("lstm_memattn", "--encoder-layers", "x", "invalid value 'x' (must be an integer >= 1)"),
     ("lstm_memattn", "--dropout", "1.5", "invalid value 1.5 (must be a number in [0, 1))"),
+    ("lstm_memattn", "--copy-vocab-size", "0", "invalid value 0 (must be an integer >= 1)"),
     ("lstm_memattn", "--memory-encoder-score", "relu", "invalid choice: 'relu' (choose from 'softmax', 'sigmoid')"),
 ])
 def test_bad_option_value_stops_in_argparse(tmp_path, arch, option, value, allowed):

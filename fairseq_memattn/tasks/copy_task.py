@@ -25,6 +25,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import FairseqTask, register_task
 
+from ..models.memory_options import integer_at_least
+
 SPLITS = ("train", "valid", "test")
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,17 @@ class CopyTaskConfig(FairseqDataclass):
     copy_seed: int = field(default=1, metadata={"help": "seed of the data (not of training)"})
     max_source_positions: int = field(default=1024, metadata={"help": "max source length"})
     max_target_positions: int = field(default=1024, metadata={"help": "max target length"})
+
+
+SIZE_MINIMUMS = {"--copy-max-len": 0, "--copy-vocab-size": 1, "--copy-train-size": 1,
+                 "--copy-valid-size": 1, "--copy-test-size": 1}
+
+
+def add_size_checks(parser) -> None:
+    """argparse checks the sizes of the options gen_parser_from_dataclass added (a one-line
+    error before anything runs); check_config repeats them for a config built in Python."""
+    for option, minimum in SIZE_MINIMUMS.items():
+        parser._option_string_actions[option].type = integer_at_least(minimum)
 
 
 def check_config(cfg) -> None:
@@ -91,6 +104,11 @@ class CopyTask(FairseqTask):
     def __init__(self, cfg: CopyTaskConfig, dictionary: Dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_size_checks(parser)
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -164,6 +182,7 @@ def main(argv=None):
     )
     parser.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{src,tgt}")
     gen_parser_from_dataclass(parser, CopyTaskConfig())
+    add_size_checks(parser)
     args = parser.parse_args(argv)
     cfg = CopyTaskConfig(**{k: v for k, v in vars(args).items() if k in CopyTaskConfig.__dataclass_fields__})
     try:
