@@ -276,3 +276,15 @@ def test_quant_noise_wraps_the_reads_linear_layers(dictionary, memory_read):
         zeroed = (blocks == 0).all(dim=-1)
         assert zeroed.any() and not zeroed.all()
     assert isinstance(read, MemoryRead)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"memory_k": 8}, "checkpoint has memory_k=4 but the model was built with memory_k=8"),
+    ({"memory_per_layer": False}, "checkpoint has memory_per_layer=True but the model was built with "
+                                  "memory_per_layer=False"),
+    ({"memory_read": "mix"}, "checkpoint has memory_read=attention but the model was built with memory_read=mix"),
+])
+def test_checkpoint_that_does_not_fit_names_the_option(per_layer_checkpoint, overrides, message):
+    """Options that change the memory's parameters, overridden at load time: one line naming them."""
+    with pytest.raises(ValueError, match="^the checkpoint does not fit the model: " + message):
+        load(per_layer_checkpoint, **overrides)

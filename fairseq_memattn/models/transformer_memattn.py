@@ -425,6 +425,8 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         other side's layers): each kept decoder layer keeps its own writer."""
         cfg = model_cfg if model_cfg is not None else args
         state_dict = keep_layers(state_dict, cfg, bool(getattr(cfg, "memory_per_layer", False)))
+        if strict:
+            check_memory_fits(state_dict, self.state_dict())
         return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
 
     @classmethod
@@ -468,6 +470,31 @@ def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
             if hasattr(cfg, option):
                 setattr(cfg, option, None)
     return pruned
+
+
+def memory_shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
+    """The memory options a state dict implies by its tensors (None: it does not tell)."""
+    writers = sum(bool(re.fullmatch(r"encoder\.writers\.\d+\.W_alpha\.weight", name)) for name in state)
+    layers = len({match.group(1) for match in (re.match(r"decoder\.layers\.(\d+)\.", name) for name in state)
+                  if match})
+    read = "decoder.layers.0.encoder_attn."
+    return {
+        "memory_k": state["encoder.writers.0.W_alpha.weight"].size(0) if writers else None,
+        # one writer per decoder layer, or one for all (with one layer it cannot tell)
+        "memory_per_layer": writers > 1 if writers and layers > 1 else None,
+        "memory_read": ("mix" if read + "W_beta.weight" in state
+                        else "attention" if read + "k_proj.weight" in state else None),
+    }
+
+
+def check_memory_fits(checkpoint_state, model_state) -> None:
+    """Fail with the options that differ, instead of torch's missing keys and tensor shapes."""
+    saved, built = memory_shape_options(checkpoint_state), memory_shape_options(model_state)
+    differences = [f"checkpoint has {name}={saved[name]} but the model was built with {name}={built[name]}"
+                   for name in saved if None not in (saved[name], built[name]) and saved[name] != built[name]]
+    if differences:
+        raise ValueError("the checkpoint does not fit the model: " + "; ".join(differences)
+                         + " (the model's options come from the checkpoint and --model-overrides)")
 
 
 def check_memory_options(args):
