@@ -50,6 +50,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from omegaconf import DictConfig, open_dict
 from torch import Tensor, nn
 
+from ..checkpoint_fit import checkpoint_misfit, differing, transformer_shape_options
 from ..hub import MemAttnHubModel
 from ..modules.attention import (
     SCORE_FUNCTIONS,
@@ -422,11 +423,18 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         --decoder-layers-to-keep done here (fairseq's prune_state_dict, which
         is then skipped, renumbers the decoder's layers but not the writers of
         --memory-per-layer, and given only one of the two options drops the
-        other side's layers): each kept decoder layer keeps its own writer."""
+        other side's layers): each kept decoder layer keeps its own writer.
+        A checkpoint that does not fit stops with the options that differ
+        (``checkpoint_fit``)."""
         cfg = model_cfg if model_cfg is not None else args
         state_dict = keep_layers(state_dict, cfg, bool(getattr(cfg, "memory_per_layer", False)))
         if strict:
-            check_memory_fits(state_dict, self.state_dict())
+            differences = differing(transformer_shape_options(state_dict),
+                                    transformer_shape_options(self.state_dict()))
+            if differences.get("memory_position_window") == (False, True):
+                del differences["memory_position_window"]  # inferred: see upgrade_state_dict_named
+            if differences:
+                raise checkpoint_misfit(differences)
         return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
 
     @classmethod
@@ -470,31 +478,6 @@ def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
             if hasattr(cfg, option):
                 setattr(cfg, option, None)
     return pruned
-
-
-def memory_shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
-    """The memory options a state dict implies by its tensors (None: it does not tell)."""
-    writers = sum(bool(re.fullmatch(r"encoder\.writers\.\d+\.W_alpha\.weight", name)) for name in state)
-    layers = len({match.group(1) for match in (re.match(r"decoder\.layers\.(\d+)\.", name) for name in state)
-                  if match})
-    read = "decoder.layers.0.encoder_attn."
-    return {
-        "memory_k": state["encoder.writers.0.W_alpha.weight"].size(0) if writers else None,
-        # one writer per decoder layer, or one for all (with one layer it cannot tell)
-        "memory_per_layer": writers > 1 if writers and layers > 1 else None,
-        "memory_read": ("mix" if read + "W_beta.weight" in state
-                        else "attention" if read + "k_proj.weight" in state else None),
-    }
-
-
-def check_memory_fits(checkpoint_state, model_state) -> None:
-    """Fail with the options that differ, instead of torch's missing keys and tensor shapes."""
-    saved, built = memory_shape_options(checkpoint_state), memory_shape_options(model_state)
-    differences = [f"checkpoint has {name}={saved[name]} but the model was built with {name}={built[name]}"
-                   for name in saved if None not in (saved[name], built[name]) and saved[name] != built[name]]
-    if differences:
-        raise ValueError("the checkpoint does not fit the model: " + "; ".join(differences)
-                         + " (the model's options come from the checkpoint and --model-overrides)")
 
 
 def check_memory_options(args):
