@@ -476,7 +476,7 @@ def test_architectures_have_fairseqs_sizes():
     (["--memory-read", "mix", "--memory-position-window"], True)])
 def test_position_window_is_on_by_default_for_the_attention_read_only(flags, window):
     """The attention read addresses the rows by content and learned faster with the window; the mix
-    read addresses them by position and learned slower (README "Transformer", quality)."""
+    read addresses them by position and learned slower (docs/transformer.md, "Why these defaults")."""
     from fairseq import options
 
     args = options.parse_args_and_arch(options.get_training_parser(), [

@@ -501,16 +501,12 @@ def base_architecture(args):
     without the position encodings of Eq. 9-10, and, for the attention read, with
     the position window (``attention.window_scores``).
 
-    All three differ from the paper's LSTM setting, on evidence (copy task, an
-    equal 2,000 updates; README "Transformer", quality): Eq. 9 multiplies the
-    scores by l_s, whose rows sum to 1 over time, so the write's logits shrink by
-    about 1/|x| and the memory starts, and long stays, near the mean of the
-    states (fairseq's encoder already encodes positions); with or without them,
-    Eq. 5's softmax over K learned more slowly than the softmax over time; and
-    the window, which starts every context on its own stretch of the source
-    instead of at the mean, let the attention read copy at L = 50 better than
-    fairseq's transformer, while the mix read, which addresses the rows by
-    position and not by content, got worse with it."""
+    Why these differ from the paper's LSTM setting: Eq. 9 scales the write's
+    logits by l_s, about 1/|x|, so the memory starts near the mean of the
+    states, and fairseq's encoder already encodes positions; the window starts
+    each context on its own stretch of the source, which helps a read that
+    addresses the rows by content (attention), not one that addresses them by
+    position (mix). Measurements: docs/transformer.md, "Why these defaults"."""
     args.memory_read = getattr(args, "memory_read", "attention")
     memory_defaults(args, memory_k=64, position_encoding=False, encoder_normalize="time",
                     position_window=args.memory_read == "attention")
