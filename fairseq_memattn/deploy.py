@@ -8,7 +8,7 @@ it returns fairseq-generate's hypotheses and scores. What the encoder
 derives from a source (the memory, projected once per source) stays at one
 row per source for all its hypotheses, as ``modules/beam_sharing.py`` keeps
 it in fairseq; only the decoder's own state (the self-attention cache of
-the target prefix) is reordered per hypothesis.
+the target prefix, or the LSTM's h and c) is reordered per hypothesis.
 
 Alignments (``alignment=True``): the soft alignment of target step i over the
 source is beta_i alpha^T (Sec. 5), beta_i the read weights of the last decoder
@@ -101,15 +101,25 @@ class Translator:
 
     # --- the model's two graphs --------------------------------------------------
 
-    def encode(self, src_tokens: np.ndarray) -> Dict[str, np.ndarray]:
-        outputs = self.encoder.run(None, {"src_tokens": src_tokens})
-        return dict(zip((o.name for o in self.encoder.get_outputs()), outputs))
+    def encode(self, src_tokens: np.ndarray, tokens_per_run: int = 8192) -> Dict[str, np.ndarray]:
+        """The encoder's outputs, run on slices of at most ``tokens_per_run`` padded tokens: the
+        self-attention's scores grow with rows x |S|^2, and smaller runs stay in cache."""
+        names = [o.name for o in self.encoder.get_outputs()]
+        rows = max(1, tokens_per_run // src_tokens.shape[1])
+        runs = [self.encoder.run(None, {"src_tokens": src_tokens[start: start + rows]})
+                for start in range(0, len(src_tokens), rows)]
+        return {name: np.concatenate([run[i] for run in runs]) for i, name in enumerate(names)}
 
     def initial_state(self, encoded: Dict[str, np.ndarray], hypotheses: int) -> Dict[str, np.ndarray]:
         """The decoder's state before the first step, one row per hypothesis."""
-        return {f"self_{part}_{index}": np.zeros((hypotheses, heads, 0, head_dim), np.float32)
-                for index, (heads, head_dim) in enumerate(self.config["self_attention"])
-                for part in ("key", "value")}
+        state = {}
+        for entry in self.config["decoder_state"]:
+            if "from" in entry:  # one row per source from the encoder, one per hypothesis here
+                rows = encoded[entry["from"]]
+                state[entry["name"]] = np.repeat(rows, hypotheses // len(rows), axis=0)
+            else:
+                state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
+        return state
 
     def step(self, tokens: np.ndarray, step: int, state, memory):
         """(log-probs N x V, read weights N x K, next state) for one target position."""
@@ -128,7 +138,7 @@ class Translator:
         returns them: dicts of tokens (EOS last), score, positional_scores and,
         with ``alignment``, attention (T x |x|: every target token over its
         source's tokens) and alignment (hard pairs (source, target), EOS excluded)."""
-        src_tokens = np.ascontiguousarray(src_tokens, dtype=np.int64)
+        src_tokens = self.padded_as_exported(np.asarray(src_tokens, dtype=np.int64))
         bsz, src_len = src_tokens.shape
         max_len = min(int(max_len_a * src_len + max_len_b), self.config["max_target_positions"] - 1)
         if min_len > max_len:
@@ -227,6 +237,13 @@ class Translator:
                 self._align(finalized[sent], src_tokens[sent], encoded["alpha"][sent, self.config["alignment_memory"]])
         return finalized
 
+    def padded_as_exported(self, src_tokens: np.ndarray) -> np.ndarray:
+        """The LSTM's exported encoder reads each row from its start: padding moved to the end."""
+        if self.config["source_padding"] == "left":
+            return np.ascontiguousarray(src_tokens)
+        order = np.argsort(src_tokens == self.config["source_pad"], axis=1, kind="stable")
+        return np.ascontiguousarray(np.take_along_axis(src_tokens, order, axis=1))
+
     def _finalize(self, step, bbsz_idx, eos_scores, tokens, scores, reads, finalized, finished, sentence_ids,
                   beam, max_len, lenpen, normalize_scores):
         """SequenceGenerator.finalize_hypos: the hypotheses ending in EOS at
@@ -287,8 +304,9 @@ class Translator:
         for batch in batches_by_tokens([len(s) for s in sources], max_tokens, batch_size):
             width = max(len(sources[i]) for i in batch)
             src = np.full((len(batch), width), self.config["source_pad"], np.int64)
-            for row, i in enumerate(batch):  # left padding, as fairseq's collater
-                src[row, width - len(sources[i]):] = sources[i]
+            for row, i in enumerate(batch):  # the padding side the exported encoder expects
+                start = width - len(sources[i]) if self.config["source_padding"] == "left" else 0
+                src[row, start: start + len(sources[i])] = sources[i]
             for i, hypotheses in zip(batch, self.generate(src, **options)):
                 results[i] = hypotheses
         return results

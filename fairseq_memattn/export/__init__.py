@@ -3,10 +3,11 @@
 
     fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8]
 
-Exports ``transformer_memattn`` (both reads; shared or per-layer memories).
-OUT holds ``encoder.onnx`` (source -> what the decoder reads, projected once
-per source, and alpha of Eq. 4-5 for alignments), ``decoder.onnx`` (one
-decoder step with its self-attention cache as inputs and outputs), ``config.json``, the dictionaries and, when there is one, the
+Exports ``transformer_memattn`` (both reads; shared or per-layer memories)
+and ``lstm_memattn`` with memory attention. OUT holds ``encoder.onnx``
+(source -> what the decoder reads, projected once per source, and alpha of
+Eq. 4-5 for alignments), ``decoder.onnx`` (one decoder step with its
+self-attention cache, or the LSTM's h and c, as inputs and outputs), ``config.json``, the dictionaries and, when there is one, the
 sentencepiece model. ``--quantize int8``: ONNX Runtime's dynamic int8
 quantization of every matrix product with a constant weight.
 Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
@@ -19,7 +20,8 @@ import shutil
 import sys
 
 FORMAT_VERSION = 1
-SUPPORTED = "transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories"
+SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
+             "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 
 
 class ExportError(ValueError):
@@ -56,9 +58,6 @@ def load_checkpoint(path: str, data: str = None):
     if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
                           f"the export supports {SUPPORTED}")
-    if model_class is MemAttnLSTMModel:
-        raise ExportError(f"unsupported model {arch!r} in {path}: lstm_memattn is not exported yet; "
-                          f"the export supports {SUPPORTED}")
     overrides = {"data": data} if data else None
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
@@ -80,8 +79,10 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     model, task = load_checkpoint(checkpoint, data)
-    from . import transformer as family
+    from ..models.transformer_memattn import MemAttnTransformerModel
+    from . import lstm, transformer
 
+    family = transformer if isinstance(model, MemAttnTransformerModel) else lstm
     family.check_supported(model)
     graphs, config = family.build(model)
     os.makedirs(out, exist_ok=True)
@@ -91,7 +92,9 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
         if quantize:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            quantize_dynamic(path, path, weight_type=QuantType.QInt8)
+            # the type of what ONNX Runtime's own operators output, which onnx's shape inference cannot tell
+            quantize_dynamic(path, path, weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_dict.save(os.path.join(out, "dict.source.txt"))
     tgt_dict.save(os.path.join(out, "dict.target.txt"))
@@ -126,7 +129,7 @@ def _data_sentencepiece(task):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="fairseq-memattn-export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn")
+    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
     parser.add_argument("out", help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")

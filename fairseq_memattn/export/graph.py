@@ -28,7 +28,7 @@ class Graph:
 
     def weight(self, array, hint: str) -> str:
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(as_array(array)), name))
+        self.initializers.append(numpy_helper.from_array(np.array(as_array(array), order="C"), name))
         return name
 
     def const(self, value, dtype=np.float32) -> str:
@@ -54,10 +54,12 @@ class Graph:
 
     def model(self) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="fairseq_memattn")
+        opsets = [helper.make_opsetid("", OPSET)]
+        if any(node.domain == "com.microsoft" for node in self.nodes):  # ONNX Runtime's fused kernels
+            opsets.append(helper.make_opsetid("com.microsoft", 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="fairseq_memattn")
         model.ir_version = 8
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(model, full_check=not any(node.domain for node in self.nodes))
         return model
 
     # --- layers -------------------------------------------------------------------
@@ -92,16 +94,9 @@ class Graph:
         x = self.op("Reshape", x, self.const([0, 0, heads, head_dim], np.int64))
         return self.op("Transpose", x, perm=[0, 2, 1, 3])
 
-    def merge_heads(self, x: str, dim: int) -> str:
-        """B x H x L x D/H -> B x L x D"""
-        x = self.op("Transpose", x, perm=[0, 2, 1, 3])
-        return self.op("Reshape", x, self.const([0, 0, dim], np.int64))
-
-    def attend(self, q: str, k: str, v: str, additive_mask: str = None):
-        """softmax(q k^T [+ mask]) v over the last axis: (output, weights)."""
+    def attend(self, q: str, k: str, v: str):
+        """softmax(q k^T) v over the last axis: (output, weights)."""
         scores = self.op("MatMul", q, self.op("Transpose", k, perm=[0, 1, 3, 2]))
-        if additive_mask is not None:
-            scores = self.op("Add", scores, additive_mask)
         weights = self.op("Softmax", scores, axis=-1)
         return self.op("MatMul", weights, v), weights
 

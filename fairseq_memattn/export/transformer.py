@@ -18,8 +18,6 @@ import numpy as np
 
 from .graph import FLOAT, INT64, Graph, as_array
 
-NEG_INF = float("-inf")
-
 
 def positions_table(embed_positions, count: int) -> np.ndarray:
     """The rows of fairseq's positional embedding (learned or sinusoidal), at
@@ -78,14 +76,14 @@ def _feed_forward(g: Graph, layer, activation: str):
     return lambda x: g.linear(g.activation(g.linear(x, layer.fc1), activation), layer.fc2)
 
 
-def _self_attention(g: Graph, x: str, attention, key_mask: str = None):
-    """fairseq's MultiheadAttention over x itself (B x L x D)."""
-    heads, head_dim = attention.num_heads, attention.head_dim
-    q = g.split_heads(g.op("Mul", g.linear(x, attention.q_proj), g.const(attention.scaling)), heads, head_dim)
-    k = g.split_heads(g.linear(x, attention.k_proj), heads, head_dim)
-    v = g.split_heads(g.linear(x, attention.v_proj), heads, head_dim)
-    out, _ = g.attend(q, k, v, key_mask)
-    return g.linear(g.merge_heads(out, attention.embed_dim), attention.out_proj)
+def _self_attention(g: Graph, x: str, attention, valid: str):
+    """fairseq's MultiheadAttention over x itself (B x L x D), by ONNX Runtime's fused
+    MultiHeadAttention (it never holds the B x H x L x L scores at once); ``valid``: B x L
+    int32, 0 at padding."""
+    q, k, v = (g.linear(x, proj) for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+    node = g.op("MultiHeadAttention", q, k, v, "", valid, num_heads=attention.num_heads,
+                scale=float(attention.scaling), domain="com.microsoft")
+    return g.linear(node, attention.out_proj)
 
 
 # --- the write of Eq. 4-5 (modules/attention.MemoryWrite) ----------------------------
@@ -149,11 +147,10 @@ def encoder_graph(model, activation: str) -> Graph:
     x = _embed(g, tokens, encoder, positions)
     tokens_mask_f = g.op("Cast", not_pad, to=FLOAT)
     x = g.op("Mul", x, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
-    key_mask = g.op("Unsqueeze", g.op("Where", padding, g.const(NEG_INF), g.const(0.0)),
-                    g.const([1, 2], np.int64))  # B x 1 x 1 x S
+    valid = g.op("Cast", not_pad, to=6)  # int32
     for layer in encoder.layers:
         x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
-                      lambda y, a=layer.self_attn: _self_attention(g, y, a, key_mask))
+                      lambda y, a=layer.self_attn: _self_attention(g, y, a, valid))
         x = _sublayer(g, x, layer.final_layer_norm, layer.normalize_before, _feed_forward(g, layer, activation))
     if encoder.layer_norm is not None:
         x = g.layer_norm(x, encoder.layer_norm)
@@ -271,6 +268,10 @@ def build(model):
         "memory_k": model.encoder.writers[0].num_contexts,
         "alignment_memory": layers[-1].encoder_attn.memory_index,
         "memory_outputs": memory_names(model),
-        "self_attention": [[layer.self_attn.num_heads, layer.self_attn.head_dim] for layer in layers],
+        # each layer's self-attention keys and values, N x H x 0 x D/H before the first step
+        "decoder_state": [{"name": f"self_{part}_{index}",
+                           "zeros": [layer.self_attn.num_heads, 0, layer.self_attn.head_dim]}
+                          for index, layer in enumerate(layers) for part in ("key", "value")],
+        "source_padding": "left",
     }
     return {"encoder": encoder_graph(model, activation), "decoder": decoder_graph(model, activation)}, config

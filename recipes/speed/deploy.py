@@ -58,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--engines", nargs="*", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--workdir", default="/tmp/memattn-deploy-bench", help="checkpoints and converted models")
     p.add_argument("--out", help="write the markdown here (and the plot beside it, .png)")
+    p.add_argument("--rows", help="JSON lines of measured rows: read, and appended to; an engine and thread "
+                                  "count already there is not measured again (a long grid in several runs)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -252,16 +254,25 @@ def main(argv=None):
         return worker(args)
     paths = prepare(args)
     rows = []
+    if args.rows and os.path.exists(args.rows):
+        with open(args.rows) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
     for threads in args.threads:
         for engine in args.engines:
+            if any(r["engine"] == engine and r["threads"] == threads for r in rows):
+                continue
             folder = paths[ENGINES[engine][1]]
-            passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+            passed = list(argv if argv is not None else sys.argv[1:])
             result = subprocess.run([sys.executable, __file__, *passed, "--worker", f"{engine}:{threads}:{folder}"],
                                     capture_output=True, text=True, cwd=REPO,
                                     env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
             if result.returncode != 0:
                 sys.exit(f"{engine} with {threads} thread(s) failed:\n{result.stderr[-3000:]}")
-            rows += json.loads(result.stdout.strip().splitlines()[-1])
+            measured = json.loads(result.stdout.strip().splitlines()[-1])
+            rows += measured
+            if args.rows:
+                with open(args.rows, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in measured)
             print(f"{engine} x{threads} done", file=sys.stderr, flush=True)
     command = "python recipes/speed/deploy.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
