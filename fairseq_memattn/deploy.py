@@ -89,6 +89,7 @@ class Translator:
             options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
+        self.ort = ort
         self.encoder = ort.InferenceSession(os.path.join(folder, "encoder.onnx"), options, providers=providers)
         self.decoder = ort.InferenceSession(os.path.join(folder, "decoder.onnx"), options, providers=providers)
         self.decoder_outputs = [o.name for o in self.decoder.get_outputs()]
@@ -121,12 +122,22 @@ class Translator:
                 state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
         return state
 
-    def step(self, tokens: np.ndarray, step: int, state, memory):
-        """(log-probs N x V, read weights N x K, next state) for one target position."""
-        outputs = dict(zip(self.decoder_outputs, self.decoder.run(
-            None, {"prev_tokens": tokens, "step": np.array([step], np.int64), **state, **memory})))
+    def step(self, tokens: np.ndarray, step: int, state, memory, reorder: np.ndarray):
+        """(log-probs N x V, read weights N x K, next state) for one target position; row j
+        continues the state's row reorder[j]. The state stays in ONNX Runtime's memory
+        (OrtValues, bound to the graph's inputs and outputs): never copied out."""
+        binding = self.decoder.io_binding()
+        for name, value in (("prev_tokens", np.ascontiguousarray(tokens)),
+                            ("step", np.array([step], np.int64)), ("reorder", reorder)):
+            binding.bind_cpu_input(name, value)
+        for name, value in {**state, **memory}.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in self.decoder_outputs:
+            binding.bind_output(name, "cpu")
+        self.decoder.run_with_iobinding(binding)
+        outputs = dict(zip(self.decoder_outputs, binding.get_outputs()))
         new_state = {name: outputs["new_" + name] for name in state}
-        return outputs["lprobs"], outputs["read_weights"], new_state
+        return outputs["lprobs"].numpy(), outputs["read_weights"].numpy(), new_state
 
     # --- beam search (fairseq's SequenceGenerator with BeamSearch) -------------------
 
@@ -145,8 +156,10 @@ class Translator:
             raise ValueError(f"invalid --min-len: {min_len} (the maximum length for this batch is {max_len}: "
                              f"raise --max-len-a/--max-len-b)")
         encoded = self.encode(src_tokens)
-        memory = {name: encoded[name] for name in self.config["memory_outputs"]}
-        state = self.initial_state(encoded, bsz * beam)
+        ort_value = self.ort.OrtValue.ortvalue_from_numpy
+        memory_rows = {name: encoded[name] for name in self.config["memory_outputs"]}
+        memory = {name: ort_value(value) for name, value in memory_rows.items()}
+        state = {name: ort_value(value) for name, value in self.initial_state(encoded, bsz * beam).items()}
         vocab = len(self.tgt_dict)
         cand_size = 2 * beam
         tokens = np.full((bsz * beam, max_len + 2), self.pad, np.int64)
@@ -158,13 +171,11 @@ class Translator:
         finished = [False] * bsz
         sentence_ids = np.arange(bsz)  # the original sentence of each row still decoded
         remaining = bsz
-        reorder, state_rows = None, None
+        reorder, state_rows = np.arange(bsz * beam), None
         for step in range(max_len + 1):
-            if reorder is not None:
-                rows = reorder if state_rows is None else state_rows[reorder]
-                state = {name: value[rows] for name, value in state.items()}
-                state_rows = None
-            lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory)
+            if state_rows is not None:  # sentences were dropped: rows of the state before the drop
+                reorder, state_rows = state_rows[reorder], None
+            lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory, reorder)
             lprobs = lprobs.copy()
             lprobs[np.isnan(lprobs)] = NEG_INF
             lprobs[:, self.pad] = NEG_INF
@@ -211,9 +222,10 @@ class Translator:
                 tokens, scores = tokens[old_rows], scores[old_rows]
                 if reads is not None:
                     reads = reads[old_rows]
-                state_rows = old_rows  # the state is reordered once, at the next step
+                state_rows = old_rows  # the state is reordered once, by the next step
                 sentence_ids = sentence_ids[batch_idxs]
-                memory = {name: value[batch_idxs] for name, value in memory.items()}
+                memory_rows = {name: value[batch_idxs] for name, value in memory_rows.items()}
+                memory = {name: ort_value(value) for name, value in memory_rows.items()}
 
             # the best beam candidates that do not end in EOS continue
             eos_mask[:, :beam] = ~(~cands_to_ignore & ~eos_mask[:, :beam])

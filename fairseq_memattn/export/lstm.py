@@ -76,9 +76,11 @@ def decoder_graph(model) -> Graph:
     g = Graph("memattn_lstm_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     g.input("step", INT64, [1])
-    h_in = g.input("state_h", FLOAT, ["hypotheses", L, H])
-    c_in = g.input("state_c", FLOAT, ["hypotheses", L, H])
-    context_in = g.input("state_context", FLOAT, ["hypotheses", E]) if decoder.input_feeding else None
+    reorder = g.input("reorder", INT64, ["hypotheses"])  # which row of the state each hypothesis continues
+    h_in, c_in = (g.op("Gather", g.input(name, FLOAT, ["rows", L, H]), reorder, axis=0)
+                  for name in ("state_h", "state_c"))
+    context_in = (g.op("Gather", g.input("state_context", FLOAT, ["rows", E]), reorder, axis=0)
+                  if decoder.input_feeding else None)
     contexts = g.input("memory_contexts", FLOAT, ["sources", K, E])
     x = g.op("Gather", g.weight(decoder.embed_tokens.weight, "embed"), tokens)
     if context_in is not None:

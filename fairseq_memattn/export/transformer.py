@@ -204,7 +204,9 @@ def _cached_self_attention(g: Graph, x: str, attention, index: int, present: lis
     heads, head_dim = attention.num_heads, attention.head_dim
     x3 = g.op("Unsqueeze", x, g.const([1], np.int64))  # N x 1 x D
     q = g.split_heads(g.op("Mul", g.linear(x3, attention.q_proj), g.const(attention.scaling)), heads, head_dim)
-    k, v = (g.op("Concat", past, g.split_heads(g.linear(x3, proj), heads, head_dim), axis=2)
+    # the cache of the hypothesis each row continues (beam search's reordering), then the new position
+    k, v = (g.op("Concat", g.op("Gather", past, "reorder", axis=0),
+                 g.split_heads(g.linear(x3, proj), heads, head_dim), axis=2)
             for past, proj in ((f"self_key_{index}", attention.k_proj), (f"self_value_{index}", attention.v_proj)))
     present += [(k, f"new_self_key_{index}"), (v, f"new_self_value_{index}")]
     out, _ = g.attend(q, k, v)
@@ -218,6 +220,7 @@ def decoder_graph(model, activation: str) -> Graph:
     g = Graph("memattn_transformer_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
+    g.input("reorder", INT64, ["hypotheses"])  # which row of the state each hypothesis continues
     caches, memories = [], []
     for index, layer in enumerate(decoder.layers):
         shape = ["hypotheses", layer.self_attn.num_heads, "past", layer.self_attn.head_dim]
