@@ -77,7 +77,7 @@ def test_copy_task_sets_s_and_decoding_keeps_the_trained_s(runs):
 def test_unreadable_training_data_names_the_option(runs):
     error = final_error(runs["missing"])
     assert re.fullmatch(
-        r"ValueError: --memory-position-encoding needs S of Eq\. 10, the longest source the model "
+        r"fairseq-train: error: --memory-position-encoding needs S of Eq\. 10, the longest source the model "
         r"trains on, and it could not be read from the training data of task TranslationTask "
         r"\(Dataset not found: nosuch \(\S+\)\): pass --memory-position-max-len S with the number of "
         r"tokens of your longest training source, EOS included \(fairseq-preprocess's binarized "
