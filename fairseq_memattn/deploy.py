@@ -7,8 +7,10 @@ decoder step once per output position, with fairseq's beam search
 it returns fairseq-generate's hypotheses and scores. What the encoder
 derives from a source (the memory, projected once per source) stays at one
 row per source for all its hypotheses, as ``modules/beam_sharing.py`` keeps
-it in fairseq; only the decoder's own state (the self-attention cache of
-the target prefix, or the LSTM's h and c) is reordered per hypothesis.
+it in fairseq; only the decoder's own state is reordered per hypothesis:
+the LSTM's h and c, or for the Transformer each hypothesis's list of slots
+in a self-attention cache that is written once and never moved
+(``SelfAttentionCache``).
 
 Alignments (``alignment=True``): the soft alignment of target step i over the
 source is beta_i alpha^T (Sec. 5), beta_i the read weights of the last decoder
@@ -92,6 +94,7 @@ class Translator:
         self.ort = ort
         self.encoder = ort.InferenceSession(os.path.join(folder, "encoder.onnx"), options, providers=providers)
         self.decoder = ort.InferenceSession(os.path.join(folder, "decoder.onnx"), options, providers=providers)
+        self.decoder_inputs = {i.name for i in self.decoder.get_inputs()}
         self.decoder_outputs = [o.name for o in self.decoder.get_outputs()]
         self.src_dict = Dictionary(os.path.join(folder, "dict.source.txt"))
         self.tgt_dict = Dictionary(os.path.join(folder, "dict.target.txt"))
@@ -122,20 +125,25 @@ class Translator:
                 state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
         return state
 
-    def step(self, tokens: np.ndarray, step: int, state, memory, reorder: np.ndarray):
+    def step(self, tokens: np.ndarray, step: int, state, memory, reorder: np.ndarray, cache):
         """(log-probs N x V, read weights N x K, next state) for one target position; row j
-        continues the state's row reorder[j]. The state stays in ONNX Runtime's memory
-        (OrtValues, bound to the graph's inputs and outputs): never copied out."""
+        continues row reorder[j] of the previous step. The state and the memory stay in ONNX
+        Runtime's memory (OrtValues bound to the graph's inputs and outputs); the new position's
+        keys and values are appended to the cache."""
+        cache.reorder(reorder)
         binding = self.decoder.io_binding()
-        for name, value in (("prev_tokens", np.ascontiguousarray(tokens)),
-                            ("step", np.array([step], np.int64)), ("reorder", reorder)):
-            binding.bind_cpu_input(name, value)
-        for name, value in {**state, **memory}.items():
+        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64),
+                  "reorder": reorder, "history": cache.history(step)}
+        for name, value in arrays.items():
+            if name in self.decoder_inputs:
+                binding.bind_cpu_input(name, value)
+        for name, value in {**state, **memory, **cache.inputs}.items():
             binding.bind_ortvalue_input(name, value)
         for name in self.decoder_outputs:
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         outputs = dict(zip(self.decoder_outputs, binding.get_outputs()))
+        cache.append(step, outputs)
         new_state = {name: outputs["new_" + name] for name in state}
         return outputs["lprobs"].numpy(), outputs["read_weights"].numpy(), new_state
 
@@ -160,6 +168,7 @@ class Translator:
         memory_rows = {name: encoded[name] for name in self.config["memory_outputs"]}
         memory = {name: ort_value(value) for name, value in memory_rows.items()}
         state = {name: ort_value(value) for name, value in self.initial_state(encoded, bsz * beam).items()}
+        cache = SelfAttentionCache(self.config.get("self_attention_cache", []), bsz * beam, max_len + 1, ort_value)
         vocab = len(self.tgt_dict)
         cand_size = 2 * beam
         tokens = np.full((bsz * beam, max_len + 2), self.pad, np.int64)
@@ -175,7 +184,7 @@ class Translator:
         for step in range(max_len + 1):
             if state_rows is not None:  # sentences were dropped: rows of the state before the drop
                 reorder, state_rows = state_rows[reorder], None
-            lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory, reorder)
+            lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory, reorder, cache)
             lprobs = lprobs.copy()
             lprobs[np.isnan(lprobs)] = NEG_INF
             lprobs[:, self.pad] = NEG_INF
@@ -322,6 +331,36 @@ class Translator:
             for i, hypotheses in zip(batch, self.generate(src, **options)):
                 results[i] = hypotheses
         return results
+
+
+class SelfAttentionCache:
+    """Each decoder layer's self-attention keys and values of every position decoded so far
+    (export/transformer._cached_self_attention), written once and never moved: position t of the
+    hypothesis in row j is slot t * rows + j, and beam search reorders each hypothesis's list of
+    slots (``history``), N x t integers, instead of N x t x D floats per layer and step."""
+
+    def __init__(self, layers: List[dict], rows: int, steps: int, ort_value):
+        self.rows = rows
+        self.buffers, self.inputs = {}, {}  # by output name (H x steps x rows x D/H), by input name
+        for index, layer in enumerate(layers):
+            for part in ("key", "value"):
+                buffer = np.empty((layer["heads"], steps, rows, layer["head_dim"]), np.float32)
+                self.buffers[f"new_{part}_{index}"] = buffer
+                # the same memory, which ONNX Runtime reads in place
+                self.inputs[f"self_{part}_{index}"] = ort_value(buffer.reshape(layer["heads"], -1, layer["head_dim"]))
+        self.slots = np.zeros((rows, steps), np.int64)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.slots = self.slots[rows]
+
+    def history(self, step: int) -> np.ndarray:
+        return np.ascontiguousarray(self.slots[:, :step])
+
+    def append(self, step: int, outputs) -> None:
+        hypotheses = len(self.slots)
+        for name, buffer in self.buffers.items():
+            buffer[:, step, :hypotheses] = outputs[name].numpy()
+        self.slots[:, step] = step * self.rows + np.arange(hypotheses)
 
 
 def batches_by_tokens(lengths: List[int], max_tokens: Optional[int], batch_size: Optional[int]):

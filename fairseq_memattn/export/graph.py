@@ -21,6 +21,7 @@ class Graph:
         self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
         self.count = 0
         self.constants = {}
+        self.renamed = {}  # node outputs renamed to graph outputs
 
     def fresh(self, hint: str) -> str:
         self.count += 1
@@ -41,7 +42,8 @@ class Graph:
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes):
         names = [self.fresh(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attributes))
+        inputs = [self.renamed.get(name, name) for name in inputs]
+        self.nodes.append(helper.make_node(op_type, inputs, names, **attributes))
         return names[0] if outputs == 1 else names
 
     def input(self, name: str, elem_type, shape) -> str:
@@ -49,7 +51,19 @@ class Graph:
         return name
 
     def output(self, value: str, name: str, elem_type, shape) -> None:
-        self.nodes.append(helper.make_node("Identity", [value], [name]))
+        """The node that computes ``value`` writes it as output ``name``: no Identity copy (the
+        decoder's growing caches would be copied once more every step)."""
+        value = self.renamed.get(value, value)
+        producer = next((node for node in self.nodes if value in node.output), None)
+        if producer is None or value in {o.name for o in self.outputs}:  # an input, or already an output
+            self.nodes.append(helper.make_node("Identity", [value], [name]))
+        else:
+            for node in self.nodes:
+                for field in (node.input, node.output):
+                    for i, used in enumerate(field):
+                        if used == value:
+                            field[i] = name
+            self.renamed[value] = name
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
 
     def model(self) -> onnx.ModelProto:
@@ -70,6 +84,15 @@ class Graph:
         if bias and module.bias is not None:
             y = self.op("Add", y, self.weight(module.bias, "bias"))
         return y
+
+    def linears(self, x: str, modules) -> list:
+        """Several nn.Linear of the same input as one product, split back (fewer, larger products)."""
+        weight = np.concatenate([as_array(m.weight) for m in modules]).T
+        bias = np.concatenate([as_array(m.bias) if m.bias is not None else np.zeros(m.weight.shape[0], np.float32)
+                               for m in modules])
+        y = self.op("Add", self.op("MatMul", x, self.weight(weight, "weight")), self.weight(bias, "bias"))
+        sizes = self.const([m.weight.shape[0] for m in modules], np.int64)
+        return self.op("Split", y, sizes, axis=-1, outputs=len(modules))
 
     def layer_norm(self, x: str, module) -> str:
         return self.op("LayerNormalization", x, self.weight(module.weight, "ln_weight"),

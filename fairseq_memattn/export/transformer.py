@@ -7,10 +7,11 @@ built from its submodules' weights.
   C W_o^T, B x K x D), and alpha (B x M x S x K) for alignments;
 * decoder step: the previous tokens of N hypotheses (N a multiple of B, the
   hypotheses of a source consecutive), the step, each layer's self-attention
-  keys and values so far (N x H x t x D/H) -> log-probabilities (N x V),
-  the last layer's read weights averaged over heads (N x K) and the caches
-  grown by one step. The memory stays at one row per source: the queries
-  of a source's hypotheses are read together from its row.
+  cache and each hypothesis's history in it (_cached_self_attention) ->
+  log-probabilities (N x V), the last layer's read weights averaged over
+  heads (N x K) and the new position's keys and values. The memory stays at
+  one row per source: the queries of a source's hypotheses are read
+  together from its row.
 """
 
 
@@ -199,18 +200,32 @@ def _read(g: Graph, read, x: str, memory: dict):
     return out, weights
 
 
-def _cached_self_attention(g: Graph, x: str, attention, index: int, present: list):
-    """fairseq's incremental self-attention for one new position (x: N x D)."""
+def _cached_self_attention(g: Graph, x: str, attention, index: int, new_positions: list):
+    """fairseq's incremental self-attention for one new position (x: N x D).
+
+    The keys and values of earlier positions stay where they were written: the cache of a layer
+    is H x (steps * slots) x D/H, position t of the hypothesis in slot s at t * slots + s, and
+    ``history`` (N x t) holds each hypothesis's own slots. Beam search reorders those indices,
+    never the cache; the new position's key and value are outputs (H x N x D/H) that the
+    translator writes into the cache. Softmax over [past scores, new score] is fairseq's softmax
+    over the concatenated keys."""
     heads, head_dim = attention.num_heads, attention.head_dim
-    x3 = g.op("Unsqueeze", x, g.const([1], np.int64))  # N x 1 x D
-    q = g.split_heads(g.op("Mul", g.linear(x3, attention.q_proj), g.const(attention.scaling)), heads, head_dim)
-    # the cache of the hypothesis each row continues (beam search's reordering), then the new position
-    k, v = (g.op("Concat", g.op("Gather", past, "reorder", axis=0),
-                 g.split_heads(g.linear(x3, proj), heads, head_dim), axis=2)
-            for past, proj in ((f"self_key_{index}", attention.k_proj), (f"self_value_{index}", attention.v_proj)))
-    present += [(k, f"new_self_key_{index}"), (v, f"new_self_value_{index}")]
-    out, _ = g.attend(q, k, v)
-    out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, attention.embed_dim], np.int64))
+    q, k_new, v_new = (g.op("Transpose", g.op("Reshape", y, g.const([-1, heads, 1, head_dim], np.int64)),
+                            perm=[1, 0, 2, 3])  # H x N x 1 x D/H
+                       for y in g.linears(x, (attention.q_proj, attention.k_proj, attention.v_proj)))
+    q = g.op("Mul", q, g.const(attention.scaling))
+    k_past, v_past = (g.op("Gather", f"self_{part}_{index}", "history", axis=1)  # H x N x t x D/H
+                      for part in ("key", "value"))
+    scores = g.op("Concat", g.op("MatMul", q, g.op("Transpose", k_past, perm=[0, 1, 3, 2])),
+                  g.op("ReduceSum", g.op("Mul", q, k_new), g.const([-1], np.int64), keepdims=1), axis=-1)
+    weights = g.op("Softmax", scores, axis=-1)  # H x N x 1 x (t + 1)
+    last = g.const([-1], np.int64)
+    w_past = g.op("Slice", weights, g.const([0], np.int64), last, last)
+    w_new = g.op("Slice", weights, last, g.const([np.iinfo(np.int64).max], np.int64), last)
+    out = g.op("Add", g.op("MatMul", w_past, v_past), g.op("Mul", w_new, v_new))  # H x N x 1 x D/H
+    for value, part in ((k_new, "key"), (v_new, "value")):
+        new_positions.append((g.op("Reshape", value, g.const([heads, -1, head_dim], np.int64)), f"new_{part}_{index}"))
+    out = g.op("Reshape", g.op("Transpose", out, perm=[1, 0, 2, 3]), g.const([-1, attention.embed_dim], np.int64))
     return g.linear(out, attention.out_proj)
 
 
@@ -220,11 +235,12 @@ def decoder_graph(model, activation: str) -> Graph:
     g = Graph("memattn_transformer_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
-    g.input("reorder", INT64, ["hypotheses"])  # which row of the state each hypothesis continues
-    caches, memories = [], []
+    g.input("history", INT64, ["hypotheses", "past"])  # see _cached_self_attention
     for index, layer in enumerate(decoder.layers):
-        shape = ["hypotheses", layer.self_attn.num_heads, "past", layer.self_attn.head_dim]
-        caches.append([g.input(f"self_{part}_{index}", FLOAT, shape) for part in ("key", "value")])
+        shape = [layer.self_attn.num_heads, "slots", layer.self_attn.head_dim]
+        for part in ("key", "value"):
+            g.input(f"self_{part}_{index}", FLOAT, shape)
+    memories = []
     names = iter(memory_names(model))
     for layer in decoder.layers:
         read = layer.encoder_attn
@@ -233,10 +249,10 @@ def decoder_graph(model, activation: str) -> Graph:
                          for part in parts})
     # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
     x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
-    present, weights = [], None
+    new_positions, weights = [], None
     for index, layer in enumerate(decoder.layers):
         x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
-                      lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, present))
+                      lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, new_positions))
 
         def read_memory(y, read=layer.encoder_attn, memory=memories[index]):
             nonlocal weights
@@ -255,8 +271,8 @@ def decoder_graph(model, activation: str) -> Graph:
     g.output(g.op("LogSoftmax", logits, axis=-1), "lprobs", FLOAT, ["hypotheses", "vocab"])
     # the last layer's read weights over the K rows, mean over heads (fairseq's alignment layer)
     g.output(g.op("Reshape", weights, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
-    for value, name in present:
-        g.output(value, name, FLOAT, ["hypotheses", None, "past_plus_one", None])
+    for value, name in new_positions:
+        g.output(value, name, FLOAT, [None, "hypotheses", None])
     return g
 
 
@@ -271,10 +287,9 @@ def build(model):
         "memory_k": model.encoder.writers[0].num_contexts,
         "alignment_memory": layers[-1].encoder_attn.memory_index,
         "memory_outputs": memory_names(model),
-        # each layer's self-attention keys and values, N x H x 0 x D/H before the first step
-        "decoder_state": [{"name": f"self_{part}_{index}",
-                           "zeros": [layer.self_attn.num_heads, 0, layer.self_attn.head_dim]}
-                          for index, layer in enumerate(layers) for part in ("key", "value")],
+        "decoder_state": [],
+        "self_attention_cache": [{"heads": layer.self_attn.num_heads, "head_dim": layer.self_attn.head_dim}
+                                 for layer in layers],
         "source_padding": "left",
     }
     return {"encoder": encoder_graph(model, activation), "decoder": decoder_graph(model, activation)}, config

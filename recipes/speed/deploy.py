@@ -13,9 +13,10 @@ Untrained models (seed 0) as fairseq-train builds them (recipes/speed/transforme
 `python -m fairseq_memattn.export [--quantize int8]`. Per cell: one batch of --sources random
 sources of exactly |S| symbols, beam --beam, every output forced to |T| tokens (minimum = maximum
 length), so all engines decode |T| + 1 steps; seconds of the whole translation (encoder included,
-model loading excluded), median of --repeats. Each engine and thread count runs in its own process,
-whose peak resident memory (ru_maxrss, model loading included) is reported. Needs the optional
-extra deploy (onnx, onnxruntime) and ctranslate2.
+model loading excluded), median of --repeats (fewer once a cell has taken --cell-seconds) after a
+warm-up on one source. Each engine and thread count runs in its own process, whose peak resident
+memory (ru_maxrss, model loading included) is reported. Needs the optional extra deploy (onnx,
+onnxruntime) and ctranslate2.
 """
 
 import argparse
@@ -55,11 +56,13 @@ def parse_args(argv=None):
     p.add_argument("--memory-k", type=int, default=32)
     p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cell-seconds", type=float, default=60,
+                   help="no further repeat once a cell's timed runs have taken this long")
     p.add_argument("--engines", nargs="*", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--workdir", default="/tmp/memattn-deploy-bench", help="checkpoints and converted models")
     p.add_argument("--out", help="write the markdown here (and the plot beside it, .png)")
-    p.add_argument("--rows", help="JSON lines of measured rows: read, and appended to; an engine and thread "
-                                  "count already there is not measured again (a long grid in several runs)")
+    p.add_argument("--rows", help="JSON lines of measured rows: read, and appended to cell by cell; a cell "
+                                  "already there is not measured again (a long grid in several runs)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -122,27 +125,23 @@ def sources_for(length, n, symbols, offset):
 
 
 def worker(args):
-    """Time every cell for one engine (args.worker = 'ENGINE:THREADS:FOLDER'); print JSON rows."""
-    engine, threads, folder = args.worker.split(":", 2)
+    """Time the cells given for one engine (args.worker = 'ENGINE:THREADS:FOLDER:S,T;S,T...'); print a
+    JSON row per cell as soon as it is measured."""
+    engine, threads, folder, todo = args.worker.split(":", 3)
     threads = int(threads)
     translate = load_engine(engine, folder, threads, args)
-    rows = []
-    for source_len, target_len in cells(args):
+    for cell in todo.split(";"):
+        source_len, target_len = map(int, cell.split(","))
         ids = sources_for(source_len, args.sources, 20, 4)  # the copy task's 20 symbols follow 4 specials
-        translate(ids, target_len)  # warm-up
+        translate(ids[:1], target_len)  # warm-up: one source at this cell's lengths
         times = []
-        for _ in range(args.repeats):
+        while len(times) < args.repeats and sum(times) < args.cell_seconds:
             start = time.perf_counter()
             translate(ids, target_len)
             times.append(time.perf_counter() - start)
-        rows.append({"engine": engine, "threads": threads, "S": source_len, "T": target_len,
-                     "seconds": statistics.median(times)})
-        print(f"<!-- {engine} x{threads} |S|={source_len} |T|={target_len}: {rows[-1]['seconds']:.2f} s -->",
-              file=sys.stderr, flush=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for row in rows:
-        row["peak_mib"] = peak
-    print(json.dumps(rows))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # so far in this process
+        print(json.dumps({"engine": engine, "threads": threads, "S": source_len, "T": target_len,
+                          "seconds": statistics.median(times), "peak_mib": peak}), flush=True)
 
 
 def load_engine(engine, folder, threads, args):
@@ -248,6 +247,28 @@ def plot(rows, args, path):
     fig.savefig(path, dpi=120)
 
 
+def measure(engine, threads, folder, todo, argv, rows_path):
+    """Run one engine's worker process on the cells todo; its rows, each appended to rows_path as
+    it arrives (an interrupted grid resumes at the next cell)."""
+    passed = list(argv if argv is not None else sys.argv[1:])
+    spec = ";".join(f"{s},{t}" for s, t in todo)
+    worker = subprocess.Popen([sys.executable, __file__, *passed, "--worker", f"{engine}:{threads}:{folder}:{spec}"],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
+    measured = []
+    for line in worker.stdout:
+        row = json.loads(line)
+        measured.append(row)
+        if rows_path:
+            with open(rows_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        print(f"{engine} x{threads} |S|={row['S']} |T|={row['T']}: {row['seconds']:.2f} s", file=sys.stderr,
+              flush=True)
+    if worker.wait() != 0:
+        sys.exit(f"{engine} with {threads} thread(s) failed (its error is above)")
+    return measured
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -259,21 +280,10 @@ def main(argv=None):
             rows = [json.loads(line) for line in f if line.strip()]
     for threads in args.threads:
         for engine in args.engines:
-            if any(r["engine"] == engine and r["threads"] == threads for r in rows):
-                continue
-            folder = paths[ENGINES[engine][1]]
-            passed = list(argv if argv is not None else sys.argv[1:])
-            result = subprocess.run([sys.executable, __file__, *passed, "--worker", f"{engine}:{threads}:{folder}"],
-                                    capture_output=True, text=True, cwd=REPO,
-                                    env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
-            if result.returncode != 0:
-                sys.exit(f"{engine} with {threads} thread(s) failed:\n{result.stderr[-3000:]}")
-            measured = json.loads(result.stdout.strip().splitlines()[-1])
-            rows += measured
-            if args.rows:
-                with open(args.rows, "a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in measured)
-            print(f"{engine} x{threads} done", file=sys.stderr, flush=True)
+            done = {(r["S"], r["T"]) for r in rows if r["engine"] == engine and r["threads"] == threads}
+            todo = [cell for cell in cells(args) if cell not in done]
+            if todo:
+                rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows)
     command = "python recipes/speed/deploy.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
               f"Models: 3 + 3 layers x 256 (4 heads, FFN 1024), untrained, 20 symbols; memattn K = {args.memory_k}.\n"
