@@ -39,6 +39,11 @@ def transformer_shape_options(state) -> Dict[str, object]:
     }
 
 
+# the options of transformer_shape_options that change a parameter's shape (the others add or remove parameters)
+RESHAPING_OPTIONS = ("memory_k", "encoder_embed_dim", "decoder_embed_dim", "source vocabulary size",
+                     "target vocabulary size")
+
+
 def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, Tuple[object, object]]:
     """{name: (checkpoint's, model's)} for the options both tell and that differ."""
     return {name: (saved[name], built[name]) for name in saved

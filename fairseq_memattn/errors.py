@@ -13,9 +13,7 @@ style (``fairseq-generate: error: ...``), one line for:
 * an error of ``torch.load`` or of fairseq reading what it loaded (see
   ``checkpoint_safety.checkpoint_error_message``);
 * fairseq's "Size of sample #N is invalid" when the source is longer than the
-  S of Eq. 10 that the model's position encodings cover;
-* torch's "Error(s) in loading state_dict" for a transformer_memattn checkpoint
-  that does not fit, said by option (``checkpoint_fit``).
+  S of Eq. 10 that the model's position encodings cover.
 
 Every other exception keeps its traceback. Set FAIRSEQ_MEMATTN_TRACEBACK=1 to get
 the traceback of these too.
@@ -29,7 +27,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from .checkpoint_fit import checkpoint_misfit, differing, transformer_shape_options
 from .checkpoint_safety import checkpoint_error_message
 from .models.memory_options import position_encoding_limit, source_too_long
 
@@ -84,22 +81,6 @@ def source_too_long_message(error: BaseException) -> Optional[str]:
             + ", or skip such sources with --skip-invalid-size-inputs-valid-test")
 
 
-def transformer_misfit_message(error: BaseException) -> Optional[str]:
-    """torch's size mismatches for a transformer_memattn checkpoint, said by option
-    (``checkpoint_fit.checkpoint_misfit``); None for any other error."""
-    if not (isinstance(error, RuntimeError) and "Error(s) in loading state_dict" in str(error)):
-        return None
-    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
-    for frame in frames:
-        if frame.f_code.co_name == "load_state_dict" and frame.f_globals.get("__name__") == "torch.nn.modules.module":
-            model, state = frame.f_locals.get("self"), frame.f_locals.get("state_dict")
-            if hasattr(getattr(model, "encoder", None), "writers") and state is not None:
-                differences = differing(transformer_shape_options(state),
-                                        transformer_shape_options(model.state_dict()))
-                return str(checkpoint_misfit(differences, frames[-1])) if differences else None
-    return None
-
-
 def user_error_message(error: BaseException) -> Optional[str]:
     """The one line for an error a user can fix, or None to keep the traceback."""
     for link in exception_chain(error):
@@ -110,7 +91,7 @@ def user_error_message(error: BaseException) -> Optional[str]:
             return f"{program_name()}: error: {link}"
         if isinstance(link, OSError) and str(link).startswith("Model file not found"):
             return f"{program_name()}: error: --path: {link}"  # fairseq's, for a missing checkpoint
-        message = source_too_long_message(link) or transformer_misfit_message(link)
+        message = source_too_long_message(link)
         if message is not None:
             return f"{program_name()}: error: {message}"
     return None

@@ -288,3 +288,17 @@ def test_checkpoint_that_does_not_fit_names_the_option(per_layer_checkpoint, ove
     """Options that change the memory's parameters, overridden at load time: one line naming them."""
     with pytest.raises(ValueError, match=f"does not fit the model: {message}; --model-overrides sets "):
         load(per_layer_checkpoint, **overrides)
+
+
+def test_non_strict_load_refuses_only_what_changes_a_shape(dictionary):
+    """load_state_dict(strict=False), as torch: parameters the model lacks or the state lacks are
+    allowed (here the second writer of --memory-per-layer), a different K is refused, by option."""
+    per_layer = build_transformer(dictionary, per_layer=True)
+    shared = build_transformer(dictionary, seed=1)
+    result = shared.load_state_dict(per_layer.state_dict(), strict=False)
+    assert [name for name in result.unexpected_keys if name.startswith("encoder.writers.1.")]
+    torch.testing.assert_close(shared.encoder.writers[0].W_alpha.weight, per_layer.encoder.writers[0].W_alpha.weight)
+    other_k = build_transformer(dictionary, memory_k=4)
+    with pytest.raises(ValueError, match=r"^the checkpoint does not fit the model: checkpoint has memory_k=4 but the "
+                                         r"model was built with memory_k=3; build the model with --memory-k 4$"):
+        shared.load_state_dict(other_k.state_dict(), strict=False)

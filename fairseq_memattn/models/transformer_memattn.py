@@ -50,7 +50,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from omegaconf import DictConfig, open_dict
 from torch import Tensor, nn
 
-from ..checkpoint_fit import checkpoint_misfit, differing, transformer_shape_options
+from ..checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
 from ..hub import MemAttnHubModel
 from ..modules.attention import (
     SCORE_FUNCTIONS,
@@ -425,16 +425,18 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         --memory-per-layer, and given only one of the two options drops the
         other side's layers): each kept decoder layer keeps its own writer.
         A checkpoint that does not fit stops with the options that differ
-        (``checkpoint_fit``)."""
+        (``checkpoint_fit``); with ``strict=False`` only those that change a
+        parameter's shape (torch's non-strict load still refuses those, and
+        allows missing and unexpected parameters)."""
         cfg = model_cfg if model_cfg is not None else args
         state_dict = keep_layers(state_dict, cfg, bool(getattr(cfg, "memory_per_layer", False)))
-        if strict:
-            differences = differing(transformer_shape_options(state_dict),
-                                    transformer_shape_options(self.state_dict()))
-            if differences.get("memory_position_window") == (False, True):
-                del differences["memory_position_window"]  # inferred: see upgrade_state_dict_named
-            if differences:
-                raise checkpoint_misfit(differences)
+        differences = differing(transformer_shape_options(state_dict), transformer_shape_options(self.state_dict()))
+        if differences.get("memory_position_window") == (False, True):
+            del differences["memory_position_window"]  # inferred: see upgrade_state_dict_named
+        if not strict:
+            differences = {name: values for name, values in differences.items() if name in RESHAPING_OPTIONS}
+        if differences:
+            raise checkpoint_misfit(differences)
         return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
 
     @classmethod

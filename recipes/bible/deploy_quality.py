@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""What the export costs in quality on real data: a trained transformer_memattn checkpoint decoded
+on the Bible test split (Romans) by fairseq-generate, and exported (float32 and int8) by
+fairseq_memattn.deploy.Translator, with the same beam and lengths.
+
+    OMP_NUM_THREADS=1 python recipes/bible/deploy_quality.py CHECKPOINT --data data/bible/en-fr \\
+        --workdir exports --out results/bible/deploy_quality.md
+
+fairseq-generate runs through ``wmt17_run evaluate`` (sacreBLEU on detokenized text); the
+translator decodes the same binarized sources, batched the same way (sorted by length,
+--batch-size sources). Reported: BLEU of each, how many float32 hypotheses equal fairseq's and
+the largest score difference, and decoding seconds (model loading excluded).
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, REPO)
+
+
+def fairseq_best(generate_output: str):
+    """{sentence: (detokenized best hypothesis, its score in nats)} from fairseq-generate's H- lines."""
+    best = {}
+    for line in generate_output.splitlines():
+        fields = line.split("\t")
+        if fields[0].startswith("H-") and fields[0][2:].isdigit():
+            best.setdefault(int(fields[0][2:]), (fields[2] if len(fields) > 2 else "",
+                                                 float(fields[1]) * math.log(2)))
+    return best
+
+
+def sources(data_bin: str, src: str, tgt: str, subset: str):
+    """The binarized sources fairseq-generate reads (token ids, EOS last)."""
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(os.path.join(data_bin, f"{subset}.{src}-{tgt}.{src}"), None)
+    return [dataset[i].tolist() for i in range(len(dataset))]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("--data", required=True, help="wmt17_run prepare's output (data-bin/, ref/, spm.model)")
+    p.add_argument("--pair", default="en-fr")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--workdir", required=True, help="the exports and fairseq-generate's output go here")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", help="write the markdown report here")
+    args = p.parse_args(argv)
+
+    import sacrebleu
+
+    from fairseq_memattn.deploy import SentencePiece, Translator
+    from fairseq_memattn.export import export
+    from fairseq_memattn.wmt17 import check_pair
+    from fairseq_memattn.wmt17_run import evaluate
+
+    src, tgt = check_pair(args.pair)
+    data_bin = os.path.join(args.data, "data-bin")
+    with open(os.path.join(args.data, "ref", f"{args.subset}.{tgt}"), encoding="utf-8") as f:
+        refs = [line.rstrip("\n") for line in f]
+    reference = evaluate(args.pair, args.checkpoint, args.data, args.subset, os.path.join(args.workdir, "fairseq"),
+                         gpus=0, runs=1, extra=["--beam", str(args.beam), "--batch-size", str(args.batch_size)])
+    with open(os.path.join(args.workdir, "fairseq", f"generate.{args.subset}.txt"), encoding="utf-8") as f:
+        fairseq_hyps = fairseq_best(f.read())
+
+    spm = SentencePiece(os.path.join(args.data, "spm.model"))
+    rows = [("fairseq-generate (PyTorch)", reference["bleu"], "", "", reference["decoding_seconds"])]
+    for quantize in (None, "int8"):
+        folder = os.path.join(args.workdir, quantize or "float32")
+        if not os.path.exists(os.path.join(folder, "config.json")):
+            export(args.checkpoint, folder, data=data_bin, quantize=quantize)
+        translator = Translator(folder, threads=args.threads)
+        ids = sources(data_bin, src, tgt, args.subset)
+        start = time.perf_counter()
+        results = translator.translate_ids(ids, batch_size=args.batch_size, beam=args.beam)
+        seconds = time.perf_counter() - start
+        hyps = [spm.decode(translator.tgt_dict.string(r[0]["tokens"])) for r in results]
+        same = [i for i, h in enumerate(hyps) if fairseq_hyps.get(i, (None,))[0] == h]
+        score_gap = max((abs(results[i][0]["score"] - fairseq_hyps[i][1]) for i in same), default=float("nan"))
+        bleu = sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score
+        rows.append((f"exported, {quantize or 'float32'} (ONNX Runtime)", round(bleu, 2),
+                     f"{len(same)} / {len(hyps)}", f"{score_gap:.1e}", round(seconds, 2)))
+        with open(os.path.join(args.workdir, f"hyp.{args.subset}.{quantize or 'float32'}.{tgt}"), "w",
+                  encoding="utf-8") as f:
+            f.writelines(h + "\n" for h in hyps)
+
+    command = "python recipes/bible/deploy_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [f"# The exported model on the Bible test split\n",
+             f"Command: `{command}`\n",
+             f"Checkpoint: `{args.checkpoint}`; {len(refs)} sentences ({args.subset}), beam {args.beam}, batches of "
+             f"{args.batch_size} sources, {args.threads} thread(s); {reference['signature']}.\n",
+             "| decoder | BLEU | best hypothesis equal to fairseq's | max \\|score difference\\| (nats) | seconds |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {bleu} | {same} | {gap} | {seconds} |" for name, bleu, same, gap, seconds in rows]
+    lines.append(f"\nint8 against float32: {rows[2][1] - rows[1][1]:+.2f} BLEU.")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    main()
