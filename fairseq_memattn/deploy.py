@@ -201,7 +201,7 @@ class Translator:
             lp = lprobs.reshape(bsz, beam, vocab)
             lp = lp[:, :1] if step == 0 else lp + scores.reshape(bsz, beam, -1)[:, :, step - 1, None]
             flat = lp.reshape(bsz, -1)
-            order = np.argsort(-flat, axis=1, kind="stable")[:, : min(cand_size, flat.shape[1] - 1)]
+            order = best_first(flat, min(cand_size, flat.shape[1] - 1))
             cand_scores = np.take_along_axis(flat, order, axis=1)
             cand_beams, cand_indices = order // vocab, order % vocab
             offsets = (np.arange(bsz) * beam)[:, None]
@@ -331,6 +331,13 @@ class Translator:
             for i, hypotheses in zip(batch, self.generate(src, **options)):
                 results[i] = hypotheses
         return results
+
+
+def best_first(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's k highest scores, highest first (ties: lower index first);
+    a partition, then a sort of k columns, not a sort of beam x vocabulary ones."""
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    return np.take_along_axis(top, np.lexsort((top, -np.take_along_axis(scores, top, axis=1)), axis=1), axis=1)
 
 
 class SelfAttentionCache:
