@@ -334,10 +334,16 @@ class Translator:
 
 
 def best_first(scores: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of each row's k highest scores, highest first (ties: lower index first);
-    a partition, then a sort of k columns, not a sort of beam x vocabulary ones."""
+    """Column indices of each row's k highest scores, highest first, ties to the lower index
+    (a stable sort's order): a partition and a sort of k columns, not a sort of beam x
+    vocabulary ones; a row whose k-th score is tied with one left out is sorted whole."""
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    return np.take_along_axis(top, np.lexsort((top, -np.take_along_axis(scores, top, axis=1)), axis=1), axis=1)
+    values = np.take_along_axis(scores, top, axis=1)
+    kth = values.min(axis=1, keepdims=True)
+    for row in np.flatnonzero((scores == kth).sum(axis=1) != (values == kth).sum(axis=1)):
+        top[row] = np.argsort(-scores[row], kind="stable")[:k]
+    values = np.take_along_axis(scores, top, axis=1)
+    return np.take_along_axis(top, np.lexsort((top, -values), axis=1), axis=1)
 
 
 class SelfAttentionCache:
