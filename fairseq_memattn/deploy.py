@@ -94,7 +94,6 @@ class Translator:
         self.ort = ort
         self.encoder = ort.InferenceSession(os.path.join(folder, "encoder.onnx"), options, providers=providers)
         self.decoder = ort.InferenceSession(os.path.join(folder, "decoder.onnx"), options, providers=providers)
-        self.decoder_inputs = {i.name for i in self.decoder.get_inputs()}
         self.decoder_outputs = [o.name for o in self.decoder.get_outputs()]
         self.src_dict = Dictionary(os.path.join(folder, "dict.source.txt"))
         self.tgt_dict = Dictionary(os.path.join(folder, "dict.target.txt"))
@@ -130,20 +129,25 @@ class Translator:
         continues row reorder[j] of the previous step. The state and the memory stay in ONNX
         Runtime's memory (OrtValues bound to the graph's inputs and outputs); the new position's
         keys and values are appended to the cache."""
-        cache.reorder(reorder)
+        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64)}
+        values = {**state, **memory}
+        if cache is None:  # the state is reordered by the graph
+            arrays["reorder"] = reorder
+        else:
+            cache.reorder(reorder)
+            arrays["history"] = cache.history(step)
+            values.update(cache.inputs)
         binding = self.decoder.io_binding()
-        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64),
-                  "reorder": reorder, "history": cache.history(step)}
         for name, value in arrays.items():
-            if name in self.decoder_inputs:
-                binding.bind_cpu_input(name, value)
-        for name, value in {**state, **memory, **cache.inputs}.items():
+            binding.bind_cpu_input(name, value)
+        for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         for name in self.decoder_outputs:
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         outputs = dict(zip(self.decoder_outputs, binding.get_outputs()))
-        cache.append(step, outputs)
+        if cache is not None:
+            cache.append(step, outputs)
         new_state = {name: outputs["new_" + name] for name in state}
         return outputs["lprobs"].numpy(), outputs["read_weights"].numpy(), new_state
 
@@ -168,7 +172,8 @@ class Translator:
         memory_rows = {name: encoded[name] for name in self.config["memory_outputs"]}
         memory = {name: ort_value(value) for name, value in memory_rows.items()}
         state = {name: ort_value(value) for name, value in self.initial_state(encoded, bsz * beam).items()}
-        cache = SelfAttentionCache(self.config.get("self_attention_cache", []), bsz * beam, max_len + 1, ort_value)
+        layers = self.config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
+        cache = SelfAttentionCache(layers, bsz * beam, max_len + 1, ort_value) if layers else None
         vocab = len(self.tgt_dict)
         cand_size = 2 * beam
         tokens = np.full((bsz * beam, max_len + 2), self.pad, np.int64)
