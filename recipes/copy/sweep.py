@@ -27,6 +27,7 @@ and OUT/fig3b.png (the four combinations at the longest L).
 
 import argparse
 import csv
+import gzip
 import json
 import math
 import os
@@ -198,7 +199,9 @@ def read_run(run_dir):
     with open(os.path.join(run_dir, "generate.log")) as f:
         m = re.search(r"Translated [\d,]+ sentences .* in ([\d.]+)s", f.read())
     result["decode_seconds"] = float(m.group(1)) if m else math.nan
-    with open(os.path.join(run_dir, "generate.test.txt")) as f:
+    # train_eval.sh compresses the output once it is scored; runs made before that kept plain text.
+    plain = os.path.join(run_dir, "generate.test.txt")
+    with (open(plain) if os.path.exists(plain) else gzip.open(plain + ".gz", "rt")) as f:
         result["outputs"] = read_generate_output(f)  # (hypotheses, references)
     return result
 

@@ -2,7 +2,7 @@
 # Train one copy-task configuration, decode its test set with beam 10, score it.
 #   usage: COPY_ARGS="--copy-max-len 20" recipes/copy/train_eval.sh OUT_DIR [fairseq-train args...]
 # COPY_ARGS (task options) go to both fairseq-train and fairseq-generate, so both see the same data.
-# Writes OUT_DIR/{train.log,generate.test.txt,score.json}; prints BLEU and exact-match accuracy.
+# Writes OUT_DIR/{train.log,generate.test.txt.gz,score.json}; prints BLEU and exact-match accuracy.
 # Resumable: fairseq-train continues from OUT_DIR/checkpoint_last.pt if there is one, and train.log is
 # appended to, not truncated, so a resumed run's log holds its whole curve. SKIP_TRAIN=1 only decodes
 # and scores OUT_DIR/checkpoint_best.pt (for a run whose training finished); SKIP_GENERATE=1 only
@@ -28,3 +28,4 @@ grep -E "Translated" "$OUT/generate.log" | sed -E 's/.*INFO[^ ]* //' || true
 # score.json marks the run done (the sweep driver skips it): written whole or not at all.
 python -m fairseq_memattn.score "$OUT/generate.test.txt" --json > "$OUT/score.json.partial"
 mv "$OUT/score.json.partial" "$OUT/score.json" && cat "$OUT/score.json"
+gzip -f "$OUT/generate.test.txt"  # a copy-task output is about 1 MB of digits; gzip keeps a fifth
