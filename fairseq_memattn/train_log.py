@@ -9,12 +9,13 @@ from datetime import datetime
 
 def read_train_log(path):
     """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
-    how training stopped ("converged": --patience; "cap": --max-update; None: not finished),
-    the updates done, and the wall-clock seconds of all its processes together.
+    how training stopped ("converged": --patience; "cap": --max-update; "time": --stop-time-hours;
+    None: not finished), the updates and epochs done, and the wall-clock seconds of all its
+    processes together.
 
     The seconds come from the log's timestamps (each process's first to last line), not from
     fairseq's ``wall`` meter, which a resumed fairseq-train restores as 0."""
-    curve, stopped, finished = {}, None, False
+    curve, stopped, finished, epochs = {}, None, False, 0
     spans = []  # [first, last] timestamp of each fairseq-train process
     with open(path) as f:
         for line in f:
@@ -27,10 +28,15 @@ def read_train_log(path):
             m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
             if m:
                 curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
+            m = re.search(r"end of epoch (\d+) ", line)
+            if m:
+                epochs = max(epochs, int(m.group(1)))
             if "early stop since valid performance hasn't improved" in line:
                 stopped = "converged"
             elif "Stopping training due to num_updates" in line:
                 stopped = stopped or "cap"
+            elif "Stopping training due to cumulative_training_time" in line:
+                stopped = stopped or "time"
             elif "fairseq_cli.train | {" in line:  # a (re)start: an earlier stop does not count
                 stopped, finished = None, False
             elif "done training in" in line:
@@ -38,6 +44,7 @@ def read_train_log(path):
     curve = sorted(curve.items())
     best = min(curve, key=lambda point: point[1]) if curve else (0, math.nan)
     return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
+                epochs=epochs,
                 best_update=best[0], best_valid_loss=best[1],
                 train_seconds=sum((last - first).total_seconds() for first, last in spans))
 

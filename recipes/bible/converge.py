@@ -1,0 +1,443 @@
+#!/usr/bin/env python
+"""Quality at convergence on one GPU: both pairs of compare.py (fairseq's ``transformer`` against
+``transformer_memattn``, ``lstm_att`` against ``lstm_memattn``) trained side by side on the Bible en-fr
+data until validation loss stops improving, then decoded; one command that fits one 10-minute run on a
+GPU machine without network.
+
+    python recipes/bible/converge.py pack --data DATA          # here: .gpu/ = data-bin, references, wheels
+    bash recipes/bible/converge_gpu.sh --out "$OUT"            # there: installs .gpu/wheels, then `run`
+    python recipes/bible/converge.py report OUT/converged.tar.gz --data DATA   # here: results/bible/converged/
+
+``run`` first trains every model for a few updates (a broken environment fails in a minute), then
+trains the four concurrently with --patience on validation loss and a wall-clock cap
+(--stop-time-hours) that leaves time to decode; runs the CUDA-only tests meanwhile; decodes valid and
+test with beam 5 from the best checkpoint and from the average of the last epochs' checkpoints; and
+times the test decoding of each best checkpoint alone. What comes back is one archive: each run's
+command, train.log and hypotheses, the tests' summary and the machine. Checkpoints stay in --work.
+``report`` scores the archive here (sacreBLEU BLEU and chrF), takes the averaged checkpoint for a
+pair only where it beats the best one on validation for both models, and writes table.md and one
+curve plot per pair.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import compare
+
+PAIRS = {"transformer": "transformer_memattn", "lstm_att": "lstm_memattn"}  # baseline: memory model
+MODELS = {
+    "transformer": compare.MODELS["transformer"],
+    # transformer_memattn with the architecture's defaults (attention read, position window), K = 64.
+    "transformer_memattn": ["--arch", "transformer_memattn_iwslt_de_en", "--memory-k", "64",
+                            *compare.SMALL_TRANSFORMER],
+    "lstm_att": compare.MODELS["lstm_att"],
+    "lstm_memattn": compare.MODELS["lstm_memattn"],  # Table 2's setting
+}
+# On a GPU, larger batches than compare.py's CPU ones, the same within a pair: 8,192 tokens for the
+# Transformers (lr 1e-3, 1,000 warm-up updates), 256 sentences for the LSTMs (Adam 1e-3).
+GPU_BATCH = {"transformer": ["--max-tokens", "8192"], "lstm_att": ["--batch-size", "256"]}
+GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.items()})
+# Validation every epoch; stop after PATIENCE epochs without a better validation loss.
+PATIENCE = 5
+AVERAGE_LAST = 5  # epoch checkpoints averaged
+ARCHIVE = "converged.tar.gz"
+
+
+def log(message):
+    print(time.strftime("%H:%M:%S"), message, flush=True)
+
+
+def train_command(model, args, save_dir, extra):
+    return [sys.executable, "-m", "fairseq_cli.train", os.path.join(args.bundle, "data-bin"),
+            "--user-dir", compare.PLUGIN, "--task", "translation", "--source-lang", "en",
+            "--target-lang", "fr", *MODELS[model], *GPU_BATCH[model], "--seed", str(args.seed),
+            "--max-source-positions", "256", "--max-target-positions", "256",
+            "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
+            "--save-dir", save_dir, "--log-format", "simple", "--log-interval", "50",
+            "--num-workers", "2", *device_args(args), *shlex.split(args.train_args), *extra]
+
+
+def device_args(args):
+    return ["--cpu"] if args.cpu else [f"--{args.precision}"]
+
+
+def start(command, log_path):
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write("$ " + shlex.join(command) + "\n")
+    return subprocess.Popen(command, stdout=open(log_path, "a", encoding="utf-8"), stderr=subprocess.STDOUT)
+
+
+def wait_all(processes, seconds):
+    """Return codes of {name: Popen}; whatever is still running after SECONDS is killed (code None)."""
+    end = time.monotonic() + seconds
+    codes = {}
+    for name, process in processes.items():
+        try:
+            codes[name] = process.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            codes[name] = None
+    return codes
+
+
+def smoke(args, stage, work):
+    """A few updates of every model at once: a broken environment fails here, in about a minute."""
+    processes = {}
+    for model in MODELS:
+        os.makedirs(os.path.join(stage, model), exist_ok=True)
+        command = train_command(model, args, os.path.join(work, "smoke", model),
+                                ["--max-update", str(args.smoke_updates), "--disable-validation",
+                                 "--no-save"])
+        processes[model] = start(command, os.path.join(stage, model, "smoke.log"))
+    codes = wait_all(processes, 240)
+    failed = {m: c for m, c in codes.items() if c != 0}
+    for model, code in failed.items():
+        log(f"{model}: smoke training failed (exit {code}); the end of its log:")
+        with open(os.path.join(stage, model, "smoke.log"), encoding="utf-8") as f:
+            print("".join(f.readlines()[-25:]), flush=True)
+    return not failed
+
+
+def train(args, stage, work, seconds):
+    """The four models side by side, each to --patience or the wall-clock cap."""
+    processes = {}
+    for model in MODELS:
+        command = train_command(model, args, os.path.join(work, "checkpoints", model),
+                                ["--patience", str(PATIENCE), "--stop-time-hours", f"{seconds / 3600:.5f}",
+                                 "--keep-last-epochs", str(AVERAGE_LAST), "--no-last-checkpoints",
+                                 "--max-update", str(args.max_update)])
+        with open(os.path.join(stage, model, "command.txt"), "w", encoding="utf-8") as f:
+            f.write(shlex.join(command) + "\n")
+        processes[model] = start(command, os.path.join(stage, model, "train.log"))
+    # --stop-time-hours counts from the trainer's start and is checked after each update; a final
+    # validation and save follow, hence the grace before a run is killed.
+    return wait_all(processes, seconds + 120)
+
+
+def average_checkpoints(paths, out):
+    """fairseq's scripts/average_checkpoints.py (not in its wheel): the mean of each parameter."""
+    import torch
+
+    # Our own files, written minutes ago by fairseq-train on this machine.
+    states = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+    averaged = states[-1]
+    averaged["model"] = {name: sum(s["model"][name].double() for s in states).div(len(states))
+                         .to(tensor.dtype) for name, tensor in averaged["model"].items()}
+    averaged.pop("last_optimizer_state", None)
+    torch.save(averaged, out)
+
+
+def epoch_checkpoints(folder):
+    found = [(int(m.group(1)), name) for name in os.listdir(folder)
+             for m in [re.fullmatch(r"checkpoint(\d+)\.pt", name)] if m]
+    return [os.path.join(folder, name) for _, name in sorted(found)]
+
+
+def evaluate(args, checkpoint, subset, out):
+    from fairseq_memattn import wmt17_run
+
+    # wmt17_run's beam 10 and batches of 64 overridden; --fp16 on a GPU, --cpu otherwise.
+    generate = ["--beam", "5", "--batch-size", "128", *shlex.split(args.generate_args)]
+    result = wmt17_run.evaluate("en-fr", checkpoint, args.bundle, subset, out, 0 if args.cpu else 1, 1,
+                                generate)
+    with open(os.path.join(out, f"evaluate.{subset}.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    return result
+
+
+def decode(args, stage, work, model):
+    """Valid and test from the averaged checkpoint and valid from the best one (models side by
+    side); test from the best one comes later, alone, for its time."""
+    folder = os.path.join(work, "checkpoints", model)
+    best = os.path.join(folder, "checkpoint_best.pt")
+    if not os.path.isfile(best):
+        log(f"{model}: no checkpoint_best.pt, nothing to decode")
+        return
+    os.makedirs(os.path.join(stage, model, "best"), exist_ok=True)
+    evaluate(args, best, "valid", os.path.join(stage, model, "best"))
+    last = epoch_checkpoints(folder)[-AVERAGE_LAST:]
+    if len(last) > 1:
+        averaged = os.path.join(folder, "checkpoint_average.pt")
+        average_checkpoints(last, averaged)
+        out = os.path.join(stage, model, "average")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "averaged.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(os.path.basename(p) for p in last) + "\n")
+        for subset in ("valid", "test"):
+            evaluate(args, averaged, subset, out)
+
+
+def cuda_tests(stage):
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return start([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "cuda",
+                  os.path.join(compare.REPO, "tests")], os.path.join(stage, "cuda_tests.log"))
+
+
+def describe_machine(stage):
+    import fairseq
+    import torch
+
+    import fairseq_memattn
+
+    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}",
+             f"fairseq {fairseq.__version__}", f"fairseq_memattn {fairseq_memattn.__version__}"]
+    if torch.cuda.is_available():
+        lines.append(f"gpu {torch.cuda.get_device_name(0)}")
+    with open(os.path.join(stage, "machine.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    log(", ".join(lines))
+
+
+def run(args):
+    begun = time.monotonic()
+    stage = os.path.join(args.work, "converged")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        describe_machine(stage)
+        log(f"smoke: {args.smoke_updates} updates per model")
+        if not smoke(args, stage, args.work):
+            return 1
+        tests = cuda_tests(stage)
+        seconds = args.minutes * 60 - (time.monotonic() - begun) - args.decode_minutes * 60
+        if seconds < 60:
+            log(f"only {seconds:.0f} s left for training: raise --minutes or lower --decode-minutes")
+            return 1
+        log(f"training the four models side by side, at most {seconds:.0f} s each")
+        codes = train(args, stage, args.work, seconds)
+        log(f"training exit codes: {codes}")
+        with ThreadPoolExecutor(len(MODELS)) as pool:
+            list(pool.map(lambda m: decode(args, stage, args.work, m), MODELS))
+        for model in MODELS:  # alone on the machine, for the decoding time
+            best = os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt")
+            if os.path.isfile(best):
+                result = evaluate(args, best, "test", os.path.join(stage, model, "best"))
+                log(f"{model}: test BLEU {result['bleu']} in {result['decoding_seconds']} s")
+        if tests is not None:
+            code = wait_all({"tests": tests}, max(1.0, args.minutes * 60 - (time.monotonic() - begun) - 20))
+            log(f"CUDA tests exit code {code['tests']}")
+        return 0 if all(c == 0 for c in codes.values()) else 1
+    finally:
+        with tarfile.open(os.path.join(args.out, ARCHIVE), "w:gz") as tar:
+            tar.add(stage, arcname="converged")
+        log(f"wrote {os.path.join(args.out, ARCHIVE)} after {time.monotonic() - begun:.0f} s")
+
+
+def pack(args):
+    """The data (binarized, references, sentencepiece model) and the wheels the GPU machine lacks."""
+    for part in ("data-bin", "ref"):
+        shutil.rmtree(os.path.join(args.bundle, part), ignore_errors=True)
+        shutil.copytree(os.path.join(args.data, part), os.path.join(args.bundle, part))
+    shutil.copy(os.path.join(args.data, "spm.model"), args.bundle)
+    if args.no_wheels:
+        return
+    wheels = os.path.join(args.bundle, "wheels")
+    os.makedirs(wheels, exist_ok=True)
+    platforms = [f"--platform={p}_x86_64" for p in
+                 ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux1")]
+    for spec in WHEELS:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", wheels,
+                        spec], check=True)
+    # antlr4-python3-runtime 4.9.3 (what omegaconf 2.3 needs) is published as source only: a pure wheel.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels,
+                    "antlr4-python3-runtime==4.9.3"], check=True)
+
+
+# What fairseq needs beyond the GPU machine's image (torch 2.11, Python 3.12; its package list is in
+# the device tool's KINDS.md).
+WHEELS = ["ve-fairseq==0.12.3", "hydra-core==1.3.8", "omegaconf==2.3.1", "bitarray==3.12.3", "cffi==2.1.1",
+          "pycparser==3.12", "sacremoses==0.2.0"]
+
+
+def score(hypotheses_path, references):
+    import sacrebleu
+
+    with open(hypotheses_path, encoding="utf-8") as f:
+        hypotheses = [line.rstrip("\n") for line in f]
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "signatures": (str(bleu.get_signature()), str(chrf.get_signature()))}
+
+
+def output_tokens(generate_path):
+    """Target tokens fairseq-generate produced (BPE pieces of each best hypothesis, plus its EOS)."""
+    found = {}
+    with open(generate_path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0].startswith("H-") and len(fields) > 2:
+                found.setdefault(fields[0], len(fields[2].split()) + 1)
+    return sum(found.values())
+
+
+def read_run(folder, references):
+    """A model's folder of the archive: its training log and each checkpoint's scores."""
+    from fairseq_memattn.train_log import read_train_log
+
+    run = {"log": read_train_log(os.path.join(folder, "train.log")), "checkpoints": {}}
+    for checkpoint in ("best", "average"):
+        scores = {}
+        for subset in ("valid", "test"):
+            hypotheses = os.path.join(folder, checkpoint, f"hyp.{subset}.fr")
+            if os.path.isfile(hypotheses):
+                scores[subset] = score(hypotheses, references[subset])
+        if "valid" in scores and "test" in scores:
+            run["checkpoints"][checkpoint] = scores
+    timed = os.path.join(folder, "best", "evaluate.test.json")
+    if os.path.isfile(timed):
+        with open(timed, encoding="utf-8") as f:
+            seconds = json.load(f)["decoding_seconds"]
+        run["ms_per_token"] = 1000 * seconds / output_tokens(os.path.join(folder, "best", "generate.test.txt"))
+    return run
+
+
+def report(args):
+    shutil.rmtree(args.out, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(args.archive) as tar:
+            tar.extractall(tmp, filter="data")
+        shutil.move(os.path.join(tmp, "converged"), args.out)
+    references = {}
+    for subset in ("valid", "test"):
+        with open(os.path.join(args.data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
+            references[subset] = [line.rstrip("\n") for line in f]
+    runs = {m: read_run(os.path.join(args.out, m), references) for m in MODELS
+            if os.path.isfile(os.path.join(args.out, m, "train.log"))}
+    for model in runs:  # the fairseq-generate outputs are kept compressed, as the copy task's
+        for path in glob_outputs(os.path.join(args.out, model)):
+            with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
+                shutil.copyfileobj(f, z)
+            os.remove(path)
+    from fairseq_memattn.train_log import plot_curves
+
+    for baseline, memory in PAIRS.items():
+        curves = {m: runs[m]["log"]["curve"] for m in (baseline, memory) if m in runs}
+        if curves:
+            plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
+                        f"Bible en-fr, GPU: {memory} against {baseline}", curves)
+    table = write_table(args, runs)
+    print(table)
+
+
+def glob_outputs(folder):
+    return [os.path.join(top, name) for top, _, names in os.walk(folder) for name in names
+            if name.startswith("generate.") and name.endswith(".txt")]
+
+
+def chosen_checkpoint(runs, baseline, memory):
+    """The averaged checkpoint where it beats the best one on validation BLEU for both models."""
+    pair = [runs[m] for m in (baseline, memory) if m in runs]
+    better = [r["checkpoints"].get("average", {}).get("valid", {}).get("bleu", -1)
+              > r["checkpoints"]["best"]["valid"]["bleu"] for r in pair if "best" in r["checkpoints"]]
+    return "average" if pair and len(better) == len(pair) and all(better) else "best"
+
+
+STOPPED = {"converged": f"patience ({PATIENCE} epochs)", "time": "wall-clock cap", "cap": "--max-update",
+           None: "did not finish"}
+
+
+def write_table(args, runs):
+    machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
+    lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
+             f"Machine: {'; '.join(l for l in machine if l)}. Test split (Romans), beam 5, sacreBLEU on "
+             "detokenised text. All four models trained at once on the one GPU (`recipes/bible/converge.py "
+             f"run`), each until {PATIENCE} epochs without a better validation loss or the wall-clock cap; "
+             "batches: " + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
+             ", the rest as in `recipes/bible/compare.py`. Decoded from the best checkpoint, or from the "
+             f"average of the last {AVERAGE_LAST} epochs' where that is better on validation for both "
+             "models of the pair. ms / token: the test split decoded alone on the GPU (batches of 128, "
+             "fairseq-generate's timer), per output token.", "", "```bash",
+             "python recipes/bible/converge.py pack --data DATA",
+             "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
+             "python recipes/bible/converge.py report OUT/converged.tar.gz --data DATA", "```", "",
+             "| model | stopped by | updates | epochs | best valid loss (update) | checkpoint | test BLEU "
+             "| chrF | BLEU vs baseline | valid BLEU best / average | ms / token (GPU) |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |"]
+    signatures = set()
+    for baseline, memory in PAIRS.items():
+        chosen = chosen_checkpoint(runs, baseline, memory)
+        base_bleu = None
+        for model in (baseline, memory):
+            if model not in runs:
+                continue
+            run, log_ = runs[model], runs[model]["log"]
+            scores = run["checkpoints"].get(chosen, {}).get("test")
+            valid = " / ".join(f"{run['checkpoints'][c]['valid']['bleu']:.2f}"
+                               for c in ("best", "average") if c in run["checkpoints"])
+            bleu = scores["bleu"] if scores else None
+            if model == baseline:
+                base_bleu = bleu
+            delta = f"{bleu - base_bleu:+.2f}" if model != baseline and None not in (bleu, base_bleu) else ""
+            cells = [model, STOPPED[log_["stopped"]], log_["updates"], log_["epochs"],
+                     f"{log_['best_valid_loss']:.3f} ({log_['best_update']})", chosen,
+                     "" if bleu is None else f"{bleu:.2f}", "" if scores is None else f"{scores['chrf']:.2f}",
+                     delta, valid, f"{run['ms_per_token']:.2f}" if "ms_per_token" in run else ""]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+            if scores:
+                signatures.update(scores["signatures"])
+    lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), ""]
+    tests = os.path.join(args.out, "cuda_tests.log")
+    if os.path.isfile(tests):
+        summary = [l for l in open(tests, encoding="utf-8").read().splitlines() if l.strip()]
+        lines += [f"CUDA-only tests (`pytest -k cuda`): {summary[-1] if summary else 'no output'}", ""]
+    text = "\n".join(lines)
+    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    default_bundle = os.path.join(compare.REPO, ".gpu")
+    pk = sub.add_parser("pack", help="here: data and wheels into the bundle folder")
+    pk.add_argument("--data", required=True, help="wmt17_run prepare's output folder (data-bin, ref, spm.model)")
+    pk.add_argument("--bundle", default=default_bundle, help="default .gpu/ (ignored by git)")
+    pk.add_argument("--no-wheels", action="store_true", help="the data only")
+    r = sub.add_parser("run", help="there: smoke, train, decode, archive")
+    r.add_argument("--bundle", default=default_bundle)
+    r.add_argument("--out", required=True, help=f"where {ARCHIVE} goes")
+    r.add_argument("--work", default="/tmp/converge", help="checkpoints and the archive's staging")
+    r.add_argument("--minutes", type=float, default=8.0, help="the whole command's wall clock (default 8)")
+    r.add_argument("--decode-minutes", type=float, default=2.5,
+                   help="kept for decoding after training (default 2.5)")
+    r.add_argument("--precision", choices=("fp16", "bf16", "amp"), default="fp16",
+                   help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
+    r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
+    r.add_argument("--smoke-updates", type=int, default=5)
+    r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--train-args", default="", help="more fairseq-train options, one string")
+    r.add_argument("--generate-args", default="", help="more fairseq-generate options, one string")
+    rp = sub.add_parser("report", help="here: score the archive, table and curves")
+    rp.add_argument("archive")
+    rp.add_argument("--data", required=True, help="the folder pack read (for the references)")
+    rp.add_argument("--out", default=os.path.join(compare.REPO, "results", "bible", "converged"))
+    args = p.parse_args(argv)
+    if args.command == "pack":
+        return pack(args)
+    if args.command == "run":
+        return run(args)
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# On the GPU machine (no network): install the wheels `converge.py pack` put in .gpu/wheels (what its
+# image lacks), then `converge.py run "$@"` with its output also in OUT/run.log.
+#   usage: bash recipes/bible/converge_gpu.sh --out "$OUT" [converge.py run options]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/wheels/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+out=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--out") + 1])' "$@")
+mkdir -p "$out"
+python3 recipes/bible/converge.py run "$@" 2>&1 | tee "$out/run.log"
