@@ -40,7 +40,7 @@ setup(
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.
         "ve-fairseq": ["ve-fairseq==0.12.3"],
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "filelock", "hypothesis"],
         # fairseq-memattn-export and fairseq_memattn.deploy (ONNX Runtime); never needed for training.
         "deploy": ["onnx", "onnxruntime"],
     },

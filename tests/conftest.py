@@ -1,5 +1,6 @@
 import argparse
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -9,6 +10,14 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
+from filelock import FileLock
+
+# Under pytest-xdist each worker is one process of several on the machine: one thread each, for
+# the worker and every command line it starts, since OpenMP threads that wait on a busy core make
+# small operations many times slower.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_DIR = os.path.join(REPO, "fairseq_memattn")
@@ -21,6 +30,19 @@ from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel  # noqa: E402
 SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
 PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])
 ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", "linear", "gated_linear"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: trains a model or starts a command line; in the full "
+                            "suite only, not in the fast tier (docs/testing.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow tests first, each module's tests in their order: under pytest-xdist
+    (--dist loadscope, a module per worker at a time) the long ones start early and the quick
+    ones fill in at the end."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # a stable sort
 
 
 def clean_env(**extra):
@@ -110,24 +132,39 @@ def dictionary():
     return make_dictionary()
 
 
+def once_per_run(tmp_path_factory, name, make):
+    """``make(folder)`` once per pytest run, also across pytest-xdist workers: the first worker to
+    need it makes it under a file lock, the others read its pickled result (pytest-xdist's way of
+    running a session fixture once)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make(tmp_path_factory.mktemp(name))
+    folder = tmp_path_factory.getbasetemp().parent / name  # shared by the run's workers
+    with FileLock(f"{folder}.lock"):
+        done = folder / "result.pickle"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            done.write_bytes(pickle.dumps(make(folder)))
+        return pickle.loads(done.read_bytes())
+
+
 @pytest.fixture(scope="session")
 def own_pair_recipe(tmp_path_factory):
     """recipes/wmt17 on a user's own corpus of a pair the WMT'17 download does not
     have (toy en-fr, see wmt17_toy.py): prepare --raw-dir, train, evaluate.
-    Trained once per pytest run for test_wmt17 and test_hub."""
+    Trained once per pytest run for test_wmt17, test_hub and test_bible_converge."""
     import wmt17_toy
 
-    return wmt17_toy.prepare_train_evaluate(tmp_path_factory.mktemp("own-pair"), "en-fr")
+    return once_per_run(tmp_path_factory, "own-pair", lambda folder: wmt17_toy.prepare_train_evaluate(folder, "en-fr"))
 
 
 @pytest.fixture(scope="session")
-def own_pair_transformer(own_pair_recipe):
+def own_pair_transformer(own_pair_recipe, tmp_path_factory):
     """The recipe's transformer_k64 configuration (toy sizes, wmt17_toy.TINY_TRANSFORMER)
     trained and evaluated on own_pair_recipe's prepared data, in its folders."""
     import wmt17_toy
 
-    return wmt17_toy.prepare_train_evaluate(own_pair_recipe["root"], "en-fr", wmt17_toy.TINY_TRANSFORMER,
-                                            config=wmt17_toy.TRANSFORMER_CONFIG)
+    return once_per_run(tmp_path_factory, "own-pair-transformer", lambda _: wmt17_toy.prepare_train_evaluate(
+        own_pair_recipe["root"], "en-fr", wmt17_toy.TINY_TRANSFORMER, config=wmt17_toy.TRANSFORMER_CONFIG))
 
 
 # Sources of different lengths, so that sentences finish at different steps and

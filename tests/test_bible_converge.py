@@ -7,12 +7,15 @@ import subprocess
 import sys
 import tarfile
 
+import pytest
 from conftest import REPO, clean_env
 
 sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
 import converge  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "recipes", "bible", "converge.py")
+# The recipe's models at toy width and depth (options both fairseq-train architectures take).
+TOY_SIZES = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-layers 1 --decoder-layers 1"
 
 
 def driver(*args, timeout=600):
@@ -20,6 +23,7 @@ def driver(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_run_then_report(own_pair_recipe, tmp_path):
     data, bundle, out = own_pair_recipe["out"], tmp_path / "bundle", tmp_path / "out"
     assert driver("pack", "--data", str(data), "--bundle", str(bundle), "--no-wheels").returncode == 0
@@ -27,7 +31,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     # epoch checkpoint to average.
     ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp_path / "work"), "--cpu",
                  "--smoke-updates", "1", "--max-update", "60", "--minutes", "8", "--decode-minutes", "2",
-                 "--train-args", "--max-tokens 1000 --batch-size 100", "--generate-args", "--max-len-b 5")
+                 "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES, "--generate-args", "--max-len-b 5")
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     with tarfile.open(out / converge.ARCHIVE) as tar:
         names = set(tar.getnames())
@@ -53,6 +57,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_broken_environment_fails_in_the_smoke_step(own_pair_recipe, tmp_path):
     bundle = tmp_path / "bundle"
     converge.main(["pack", "--data", str(own_pair_recipe["out"]), "--bundle", str(bundle), "--no-wheels"])

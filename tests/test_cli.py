@@ -12,6 +12,8 @@ from conftest import run_fairseq as run
 
 from fairseq_memattn.score import read_generate_output, score
 
+pytestmark = pytest.mark.slow  # every test here starts a command line or trains (docs/testing.md)
+
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10",
         "--copy-train-size", "4000", "--copy-valid-size", "100", "--copy-test-size", "100"]
 # Sigmoid scores on both sides (Sec. 4.2) converge fastest here; softmax/softmax at lr 1e-2 and

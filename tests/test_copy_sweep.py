@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO, clean_env
 
 sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
@@ -182,6 +183,7 @@ def test_run_order_puts_longest_length_and_scorings_first():
     assert order.index(Run(100, "K=64", "chosen", 3)) < order.index(Run(20, "K=1", "chosen", 2))
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_named():
     for args, message in [(["--lengths", "0"], "--lengths: [0]"), (["--seeds", "2", "3"], "--seeds: [2, 3]")]:
         result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), *args],
@@ -212,6 +214,7 @@ def validations(run_dir):
     return [(int(u), float(loss)) for loss, u in re.findall(r"\| valid \|.*?\| loss ([\d.]+) .*?num_updates (\d+)", text)]
 
 
+@pytest.mark.slow
 def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     budget = sweep.PRESETS["tiny"]["screen"]
     runs = {s: tmp_path / "runs" / sweep.run_name(6, "K=1", s, 1) for s in SELECTED}
@@ -312,6 +315,7 @@ def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
     assert sorted(recorded) == sorted(set(start) - {failing} | {earlier, trained})
 
 
+@pytest.mark.slow
 def test_tiny_sweep_with_two_jobs(tmp_path):
     """The real driver with --jobs 2: two fairseq-train processes at once, the chosen runs scored,
     and the seed-2 run uses the combination whose screen had the lower validation loss (read from
@@ -346,6 +350,7 @@ def test_tiny_sweep_with_two_jobs(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path):
     """The peer row: fairseq's `lstm` (bidirectional 2-layer encoder, 2-layer decoder) at the
     preset's sizes, trained and scored by the real driver, in the table without a paper figure."""

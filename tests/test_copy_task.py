@@ -24,6 +24,7 @@ def task_strings(cfg, split):
             for i in range(len(dataset))]
 
 
+@pytest.mark.slow
 def test_same_examples_in_another_process():
     cfg = CopyTaskConfig(copy_max_len=7, copy_valid_size=50)
     code = ("from fairseq_memattn.tasks.copy_task import CopyTaskConfig, copy_examples;"
@@ -56,6 +57,7 @@ def test_targets_copy_or_reverse_and_end_with_eos():
     assert all(task.dataset("valid")[i]["source"][-1] == task.source_dictionary.eos() for i in range(30))
 
 
+@pytest.mark.slow
 def test_fairseq_preprocess_route_gives_identical_examples(tmp_path):
     cfg = CopyTaskConfig(copy_max_len=6, copy_train_size=200, copy_valid_size=40, copy_test_size=40)
     export_copy_data(cfg, str(tmp_path / "raw"))
@@ -96,6 +98,7 @@ def test_unknown_split():
         task.load_dataset("dev")
 
 
+@pytest.mark.slow
 def test_export_command_rejects_bad_values(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.tasks.copy_task", "--out-dir", str(tmp_path),
                              "--copy-vocab-size", "0"], capture_output=True, text=True,

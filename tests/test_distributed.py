@@ -82,6 +82,7 @@ def check_ranks(dumps, log, min_loss_drop=MIN_LOSS_DROP):
     return curve
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train, min_loss_drop", [(TRAIN, MIN_LOSS_DROP),
                                                   (TRANSFORMER_TRAIN, MIN_TRANSFORMER_LOSS_DROP)],
                          ids=["lstm_memattn", "transformer_memattn"])
@@ -100,6 +101,7 @@ def test_two_processes_gloo_train_identically(tmp_path, train, min_loss_drop):
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()  # rank 0 saved as usual
 
 
+@pytest.mark.slow
 def test_torchrun_on_cpu_through_our_launcher(tmp_path):
     """torchrun -m fairseq_memattn.torchrun_cpu, the documented command; the
     rank script applies the same launcher to dump each rank's parameters."""

@@ -92,6 +92,7 @@ def assert_same_as_generate(translator, expected, **options):
             np.testing.assert_allclose(mine["positional_scores"] / np.log(2), positional, atol=6e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_translator_equals_fairseq_generate(trained, variant):
     checkpoint, folder = trained(variant)
@@ -103,6 +104,7 @@ def test_translator_equals_fairseq_generate(trained, variant):
     assert len(lengths) >= 2  # sentences finished at different steps
 
 
+@pytest.mark.slow
 def test_max_len_a_and_unnormalized_scores(trained):
     """--max-len-a counts the batch's padded source length, as in fairseq: one source per batch on both sides."""
     checkpoint, folder = trained("attention")
@@ -113,6 +115,7 @@ def test_max_len_a_and_unnormalized_scores(trained):
                             min_len=1, normalize_scores=False, batch_size=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["mix-per-layer-pe", "lstm-feeding-pe"])
 def test_alignments_and_scores_equal_sequence_generators(trained, variant):
     """Scores and alignments (beta alpha^T) against fairseq's SequenceGenerator's
@@ -147,6 +150,7 @@ def test_alignments_and_scores_equal_sequence_generators(trained, variant):
             assert m["alignment"] == [(int(s), t_) for t_, s in enumerate(hard)]
 
 
+@pytest.mark.slow
 def test_int8_export_is_close_and_smaller(trained, tmp_path):
     checkpoint, folder = trained("attention")
     export(str(checkpoint), str(tmp_path), quantize="int8")
@@ -162,6 +166,7 @@ def test_int8_export_is_close_and_smaller(trained, tmp_path):
         assert abs(a[0]["score"] - b[0]["score"]) < 0.2
 
 
+@pytest.mark.slow
 def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
     """The export CLI copies --sentencepiece-model; the translator CLI reads raw
     text, applies it, and prints the detokenized best hypothesis. The
@@ -199,6 +204,7 @@ def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
     assert re.search(r"^H-1\t-?[0-9.]+\t", full.stdout, re.M) and re.search(r"^A-1\t", full.stdout, re.M)
 
 
+@pytest.mark.slow
 def test_export_refuses_models_it_does_not_export(tmp_path):
     """A one-line, argparse-style error naming the model or option."""
     small = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-layers", "1", "--decoder-layers", "1"]
@@ -221,6 +227,7 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_export_reports_bad_checkpoint_and_option(tmp_path):
     missing = tmp_path / "none.pt"
     with pytest.raises(ExportError, match=f"checkpoint not found: {re.escape(str(missing))}"):
@@ -233,6 +240,7 @@ def test_export_reports_bad_checkpoint_and_option(tmp_path):
         export(str(broken), str(tmp_path / "out"), quantize="int4")
 
 
+@pytest.mark.slow
 def test_translator_reports_bad_folder_and_options(trained, tmp_path):
     with pytest.raises(ValueError, match="not an exported model folder"):
         Translator(str(tmp_path))

@@ -21,6 +21,8 @@ from fairseq_memattn.hub import MemAttnHubInterface
 from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
 from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
 
+pytestmark = pytest.mark.slow  # every test here starts a command line or trains (docs/testing.md)
+
 SENTENCES = ["The dog sees the house.", "Red bird.", "The old horse has the green apple."]
 
 

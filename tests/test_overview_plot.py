@@ -4,7 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, clean_env
+
+pytestmark = pytest.mark.slow  # every test here starts a command line or trains (docs/testing.md)
 
 SCRIPT = os.path.join(REPO, "recipes", "speed", "overview_plot.py")
 HEADER = "model,label,L,sources,beam,repeats,seconds,ms_per_step,bytes_per_hypothesis\n"

@@ -120,6 +120,7 @@ def assert_same_hypotheses(actual, expected, what):
         assert got_positional == pytest.approx(positional, abs=2e-4), f"{what}, sentence {i}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trained_with", TRAINED_WITH)
 def test_batches_decode_like_single_sentences(data, checkpoints, trained_with):
     text, data_bin = data

@@ -74,6 +74,7 @@ def axes_with_gid(fig, gid):
     return [ax for ax in fig.get_axes() if ax.get_gid() == gid]
 
 
+@pytest.mark.slow
 def test_command_writes_a_png_with_content(checkpoints, tmp_path):
     output = tmp_path / "figure.png"
     result = subprocess.run(
@@ -123,6 +124,7 @@ def soft_alignment_from_fairseq_generate(path, example_id):
     return np.array([[float(p) for p in row.split(",")] for row in line.split()])
 
 
+@pytest.mark.slow
 def test_plotted_alignment_is_the_models_alignment(checkpoints):
     path = checkpoints["memory"]
     (alignment,) = decode(path, "--example-id", str(EXAMPLE))
@@ -223,6 +225,7 @@ def image_of(fig, gid):
     return np.asarray(ax.images[0].get_array()), ax.get_title()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer, head", [(None, None), (0, 1)])
 def test_transformer_plot_shows_alpha_the_read_and_their_product(checkpoints, layer, head):
     path = checkpoints["transformer"]
@@ -255,6 +258,7 @@ def test_transformer_plot_shows_alpha_the_read_and_their_product(checkpoints, la
             path, EXAMPLE).T, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_transformer_mix_read_with_a_memory_per_layer(checkpoints, tmp_path):
     path = checkpoints["transformer_mix"]
     output = tmp_path / "figure.png"
@@ -284,6 +288,7 @@ def test_transformer_mix_read_with_a_memory_per_layer(checkpoints, tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_comparison_side_by_side_and_sentence_input(checkpoints, tmp_path):
     both = f"{checkpoints['memory']}:{checkpoints['additive']}"
     alignments = decode(both, "--sentence", "1 2 3 4", "--labels", "memory,standard")
@@ -323,6 +328,7 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     assert len(ax.get_xticks()) == 16 and len(ax.get_yticks()) == 30  # 32 contexts, 150 tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [
     ("missing", "checkpoint not found"),
     ("out_of_range", "--example-id 20 is out of range for --gen-subset 'test', which has "

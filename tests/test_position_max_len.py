@@ -10,6 +10,8 @@ import torch
 from conftest import PLUGIN_DIR
 from test_reliability import final_error, run_together, write_parallel
 
+pytestmark = pytest.mark.slow  # every test here starts a command line or trains (docs/testing.md)
+
 TINY = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
         "--decoder-hidden-size", "8", "--encoder-layers", "1", "--decoder-layers", "1", "--memory-k", "4"]
 TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--required-batch-size-multiple", "1",

@@ -114,6 +114,7 @@ def test_shrink_makes_the_commands_tiny():
         f"bash {REPO}/recipes/copy/quickstart.sh {TINY['lstm_memattn']} --max-update 8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [readme_blocks()], ids=["README"])
 def test_readme_copy_task_commands_run(blocks, tmp_path):
     for index, (language, body) in enumerate(blocks):

@@ -102,6 +102,7 @@ def loads(arch_checkpoints, tmp_path_factory):
                 marker=marker, malicious_path=malicious, truncated_path=truncated)
 
 
+@pytest.mark.slow
 def test_every_architecture_loads_in_generate(arch_checkpoints, loads):
     """One fairseq-generate loads all five checkpoints (as an ensemble) and decodes."""
     assert loads["ensemble"].returncode == 0, loads["ensemble"].stderr[-3000:]
@@ -111,6 +112,7 @@ def test_every_architecture_loads_in_generate(arch_checkpoints, loads):
     assert saved == set(ARCHITECTURES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["malicious", "malicious restore"])
 def test_checkpoint_that_would_run_code_is_refused(loads, run):
     """By fairseq-generate --path and by fairseq-train --restore-file."""
@@ -123,6 +125,7 @@ def test_checkpoint_that_would_run_code_is_refused(loads, run):
     assert "Traceback" not in loads[run].stderr
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_gets_a_clear_message(loads):
     assert final_error(loads["truncated"]).startswith(
         f"fairseq_memattn: could not read {loads['truncated_path']} (")
@@ -130,6 +133,7 @@ def test_truncated_checkpoint_gets_a_clear_message(loads):
     assert "Traceback" not in loads["truncated"].stderr
 
 
+@pytest.mark.slow
 def test_overrides_that_do_not_fit_name_both_values(loads):
     assert final_error(loads["overrides"]).startswith("fairseq-generate: error: ")
     assert final_error(loads["overrides"]).endswith(
@@ -177,6 +181,7 @@ RESUME = [*COPY, "--arch", "lstm_memattn", *TINY, "--memory-k", "4", *TRAIN,
           "--max-update", "150", "--save-interval-updates", "10"]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
     """kill -9 mid-training, resume from checkpoint_last.pt: after the same
     number of updates the parameters and the optimizer state are bit for bit
@@ -295,6 +300,7 @@ def bad_data(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_preprocess_keeps_empty_lines_and_maps_unknown_tokens(bad_data):
     log = bad_data["preprocess"].stderr
     assert bad_data["preprocess"].returncode == 0, log[-3000:]
@@ -303,6 +309,7 @@ def test_preprocess_keeps_empty_lines_and_maps_unknown_tokens(bad_data):
     assert float(unknown.group(1)) > 0  # "9" and "x" never occur in training
 
 
+@pytest.mark.slow
 def test_training_skips_too_long_pairs_and_trains_on_empty_lines(bad_data):
     """The source limit is the smaller of --max-source-positions and S."""
     log = bad_data["train"].stdout
@@ -313,6 +320,7 @@ def test_training_skips_too_long_pairs_and_trains_on_empty_lines(bad_data):
     assert len(losses) == 8 and losses[-1] < MAX_FINAL_LOSS, losses
 
 
+@pytest.mark.slow
 def test_generate_refuses_too_long_source_naming_the_option(bad_data):
     """The model's limit (from its checkpoint: S of its position encodings)
     holds even though the task's limits were raised on the command line; the
@@ -326,6 +334,7 @@ def test_generate_refuses_too_long_source_naming_the_option(bad_data):
     assert "position-encoding maximum" not in bad_data["generate"].stderr
 
 
+@pytest.mark.slow
 def test_generate_skips_too_long_and_decodes_empty_and_unknown(bad_data):
     result = bad_data["generate skip"]
     assert result.returncode == 0, result.stderr[-3000:]
@@ -335,6 +344,7 @@ def test_generate_skips_too_long_and_decodes_empty_and_unknown(bad_data):
     assert sorted(re.findall(r"^H-(\d+)\t", result.stdout, re.M)) == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_interactive_maps_unknown_tokens_and_refuses_too_long(bad_data):
     result = bad_data["interactive"]
     assert re.search(r"^S-0\t1 2 <unk>$", result.stdout, re.M)
@@ -344,6 +354,7 @@ def test_interactive_maps_unknown_tokens_and_refuses_too_long(bad_data):
     assert f"--memory-position-max-len {POSITION_MAX_LEN}," in error
 
 
+@pytest.mark.slow
 def test_uneven_line_counts_fail_when_the_data_is_loaded(bad_data):
     """fairseq-preprocess binarizes each side on its own and accepts the files
     (its log shows the two counts); loading the pair stops with a clear error."""
@@ -354,6 +365,7 @@ def test_uneven_line_counts_fail_when_the_data_is_loaded(bad_data):
         "AssertionError: Source and target must contain the same number of examples")
 
 
+@pytest.mark.slow
 def test_missing_data_directory(bad_data):
     assert re.fullmatch(r"FileNotFoundError: \[Errno 2\] No such file or directory: '\S+/missing'",
                         final_error(bad_data["missing data-bin"]))

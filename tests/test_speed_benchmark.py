@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, clean_env
 
 BENCHMARK = os.path.join(REPO, "recipes", "speed", "benchmark.py")
@@ -16,6 +17,7 @@ def run_benchmark(*args):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_tiny_grid(tmp_path):
     out = tmp_path / "speed"
     result = run_benchmark("--out", str(out), "--models", "noatt", "k4", "att", "lstm_att",
@@ -43,6 +45,7 @@ def test_tiny_grid(tmp_path):
     assert again.returncode == 0 and "decode L=" not in again.stdout
 
 
+@pytest.mark.slow
 def test_bad_options_are_named(tmp_path):
     result = run_benchmark("--out", str(tmp_path), "--models", "k3")
     assert result.returncode == 2 and "unknown --models k3" in result.stderr and "k32" in result.stderr

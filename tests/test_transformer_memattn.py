@@ -528,6 +528,7 @@ def checkpoint(tmp_path_factory):
     return save_dir / "checkpoint_best.pt"
 
 
+@pytest.mark.slow
 def test_trained_model_copies_with_beam_search_and_alignments(checkpoint):
     # --min-len 0: the copy task has empty examples
     out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
@@ -537,6 +538,7 @@ def test_trained_model_copies_with_beam_search_and_alignments(checkpoint):
     check_copies(out, MIN_BLEU, MIN_ACCURACY, "transformer_memattn")
 
 
+@pytest.mark.slow
 def test_interactive_translates_with_the_checkpoint(checkpoint):
     out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
               "--beam", "5", "--cpu", stdin="3 1 4 1 5\n").stdout
@@ -554,6 +556,7 @@ FEW_UPDATES = [*TASK[:2], "--copy-max-len", "8", "--copy-vocab-size", "10", "--c
                "--num-workers", "0", "--seed", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory_read", ["attention", "mix"])
 def test_fp16_training_on_cpu(tmp_path, memory_read):
     """fairseq-train --fp16 --cpu: the model in float16 under fairseq's FP16Optimizer
@@ -568,6 +571,7 @@ def test_fp16_training_on_cpu(tmp_path, memory_read):
     assert len(updates) == 5 and all(math.isfinite(float(loss)) for loss, _ in updates), log[-3000:]
 
 
+@pytest.mark.slow
 def test_bf16_training_on_cpu_is_not_possible_in_fairseq_0_12_3(tmp_path):
     """fairseq 0.12.3's --bf16 implies --tpu (fairseq/options.py), so the Trainer
     asks torch_xla for its device; without torch_xla it fails before any model
@@ -579,6 +583,7 @@ def test_bf16_training_on_cpu_is_not_possible_in_fairseq_0_12_3(tmp_path):
     assert "get_tpu_device" in result.stderr and "xla_device" in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, value, message", [
     ("--memory-k", "0", "argument --memory-k: invalid value 0 (must be an integer >= 1)"),
     ("--memory-read", "lookup", "argument --memory-read: invalid choice: 'lookup'"),

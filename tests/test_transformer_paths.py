@@ -57,6 +57,7 @@ FEW_UPDATES = [*TASK[:2], "--copy-max-len", "8", "--copy-vocab-size", "10", "--c
                "--seed", "1"]
 
 
+@pytest.mark.slow
 def test_fairseq_train_with_checkpoint_and_offload_activations(tmp_path):
     result = run("fairseq-train", "--user-dir", PLUGIN_DIR, *FEW_UPDATES, "--memory-read", "mix",
                  "--checkpoint-activations", "--offload-activations", "--no-save",
@@ -133,6 +134,7 @@ def load(path, **overrides):
     return model, task
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_without_the_window_option_loads_without_the_window(per_layer_checkpoint, tmp_path):
     """A checkpoint whose saved config has no memory_position_window (saved before the window
     became the attention read's default) loads as what it is, a model without the window:
@@ -154,6 +156,7 @@ def test_checkpoint_saved_without_the_window_option_loads_without_the_window(per
     assert "H-0\t" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", ["0,2", "1", "2,0"])
 def test_decoder_layers_to_keep_keeps_each_layer_with_its_writer(per_layer_checkpoint, keep):
     """--decoder-layers-to-keep on a --memory-per-layer checkpoint: the pruned model's outputs
@@ -177,6 +180,7 @@ def test_decoder_layers_to_keep_keeps_each_layer_with_its_writer(per_layer_check
     torch.testing.assert_close(extra["attn"][0], expected_extra["attn"][0])
 
 
+@pytest.mark.slow
 def test_fairseq_generate_with_layers_to_keep(per_layer_checkpoint):
     out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(per_layer_checkpoint),
               "--gen-subset", "test", "--beam", "2", "--batch-size", "16", "--min-len", "0", "--cpu",
@@ -278,6 +282,7 @@ def test_quant_noise_wraps_the_reads_linear_layers(dictionary, memory_read):
     assert isinstance(read, MemoryRead)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, message", [
     ({"memory_k": 8}, "checkpoint has memory_k=4 but the model was built with memory_k=8"),
     ({"memory_per_layer": False}, "checkpoint has memory_per_layer=True but the model was built with "

@@ -46,6 +46,7 @@ def pipeline(tmp_path_factory):
                 trained=trained, checkpoint=checkpoint, evaluated=evaluated)
 
 
+@pytest.mark.slow
 def test_prepare_builds_bpe_and_binarized_data(pipeline):
     out = pipeline["out"]
     for split, n in SIZES.items():
@@ -60,12 +61,14 @@ def test_prepare_builds_bpe_and_binarized_data(pipeline):
     assert not [p for p in out.rglob("*.tmp*")]
 
 
+@pytest.mark.slow
 def test_prepare_again_skips_every_step(pipeline):
     assert "build:" not in pipeline["again"].stdout
     assert pipeline["again"].stdout.count("skip:") == 2 + 1 + 6 + 1  # refs, spm, bpe files, data-bin
     assert snapshot(pipeline["out"]) == pipeline["first"]
 
 
+@pytest.mark.slow
 def test_train_picks_best_checkpoint_by_validation_bleu(pipeline):
     log = pipeline["trained"].stdout + pipeline["trained"].stderr
     command = log.splitlines()[0]
@@ -81,6 +84,7 @@ def test_train_picks_best_checkpoint_by_validation_bleu(pipeline):
     assert best["cfg"]["model"].memory_k == 8  # extra options override the recipe's
 
 
+@pytest.mark.slow
 def test_evaluate_scores_detokenised_text_with_sacrebleu(pipeline):
     stdout = pipeline["evaluated"].stdout
     result = json.loads(stdout.strip().splitlines()[-1])
@@ -95,6 +99,7 @@ def test_evaluate_scores_detokenised_text_with_sacrebleu(pipeline):
     assert sum(h.endswith(".") and h[:1].isupper() for h in hyps) > SIZES["test"] // 2  # plain text
 
 
+@pytest.mark.slow
 def test_interactive_translates_raw_text(pipeline):
     result = subprocess.run(
         [os.path.join(BIN, "fairseq-interactive"), str(pipeline["out"] / "data-bin"), "--user-dir", PLUGIN_DIR,
@@ -113,6 +118,7 @@ def test_interactive_translates_raw_text(pipeline):
     assert "Hund" in translations[0]
 
 
+@pytest.mark.slow
 def test_own_corpus_of_any_language_pair(own_pair_recipe):
     """en-fr, which the WMT'17 download does not have, through prepare --raw-dir,
     train and evaluate, with every file named by the pair's codes."""
@@ -134,6 +140,7 @@ def test_own_corpus_of_any_language_pair(own_pair_recipe):
     assert result["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
+@pytest.mark.slow
 def test_interrupted_step_is_rebuilt_with_everything_after_it(tmp_path, capsys):
     raw = write_corpus(tmp_path / "raw", {"train": 300, "valid": 10, "test": 10})
     out = tmp_path / "out"
@@ -284,6 +291,7 @@ def test_transformer_configurations_have_fairseqs_recipe(tmp_path, capsys):
 MIN_TRANSFORMER_BLEU = 50.0
 
 
+@pytest.mark.slow
 def test_transformer_configuration_trains_and_evaluates_offline(own_pair_transformer):
     """train.sh en-fr transformer_k64 (toy sizes) and evaluate.sh on the toy corpus:
     a transformer_memattn with shared embeddings, scored by sacreBLEU."""

@@ -1,0 +1,98 @@
+"""Do the tests catch a wrong formula? Each mutation below plants one plausible bug in the library;
+the tests run against it, and the mutation is killed when one fails. The list and the last results
+are in docs/testing.md.
+
+    python tests/mutate.py                                  # the fast tier against each mutation
+    python tests/mutate.py --only tanh scaling               # some of them
+    python tests/mutate.py --pytest-args "tests/test_formulas.py -x -q"
+
+The source file is restored after each run, also when the run is interrupted.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATTENTION = "fairseq_memattn/modules/attention.py"
+TRANSFORMER = "fairseq_memattn/models/transformer_memattn.py"
+
+# name: (file, what the library says, the bug, what the bug is)
+MUTATIONS = {
+    "tanh": (ATTENTION, "hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))",
+             "hidden = (projected_query.unsqueeze(2) + keys.unsqueeze(1))",
+             "additive attention without its tanh"),
+    "scaling": (ATTENTION, "self.scale = 1.0 / math.sqrt(encoder_dim) if scaled else 1.0",
+                "self.scale = 1.0", "scaled dot product without the 1/sqrt(D)"),
+    "window-centre": (ATTENTION, "c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K",
+                      "c = (torch.arange(K, device=r.device, dtype=torch.float32) + 1.0) / K",
+                      "the position window's centres moved by half a stretch"),
+    "alignment-heads": (TRANSFORMER, "align.mean(dim=0))", "align.sum(dim=0))",
+                        "the Transformer's alignment summed over heads, not averaged"),
+    "memory-index": (TRANSFORMER, "cache = self.project_memory(memories[:, self.memory_index].to(dtype))",
+                     "cache = self.project_memory(memories[:, self.memory_index - 1].to(dtype))",
+                     "each decoder layer reads the previous layer's memory (--memory-per-layer)"),
+    "write-axis": (ATTENTION, 'dim = -1 if self.encoder_normalize == "contexts" else 1',
+                   'dim = 1 if self.encoder_normalize == "contexts" else -1',
+                   "the write's softmax (Eq. 5) over the wrong axis"),
+    "eq10": (ATTENTION, "L = (1 - k) * (1 - s / max_len) + k * (s / max_len)",
+             "L = (1 - k) * (s / max_len) + k * (1 - s / max_len)",
+             "Eq. 10's position encodings with k and s/S crossed"),
+    "eq9": (ATTENTION, "scores = scores * pe.type_as(scores)  # Eq. 9",
+            "scores = scores + pe.type_as(scores)  # Eq. 9",
+            "Eq. 9's position encodings added, not multiplied"),
+    "gate": (ATTENTION, "torch.sigmoid(self.gate(states)) * states", "torch.sigmoid(self.gate(states))",
+             "gated linear attention's gate without the states (u_t = sigmoid(W s_t + b))"),
+    "alignment-transpose": (ATTENTION,
+                            'weights = sum_of_products(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory',
+                            'weights = sum_of_products(beta, memory["alpha"].flip(1).transpose(1, 2)) if "alpha" in memory',
+                            "the LSTM's alignment beta alpha^T (Sec. 5) with the source reversed"),
+}
+
+
+def apply(path, old, new):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text.count(old) != 1:
+        sys.exit(f"mutate: {old!r} occurs {text.count(old)} times in {path}, expected once")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, new))
+    return text
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", choices=sorted(MUTATIONS), help="these mutations (default all)")
+    p.add_argument("--pytest-args", default='-x -q -p no:cacheprovider -n 2 -m "not slow" tests',
+                   help="what pytest runs against each mutation (default: the fast tier, stopping at the "
+                        "first failure)")
+    p.add_argument("--repo", default=REPO, help="the tree to mutate and test (default this one)")
+    args = p.parse_args()
+    rows = []
+    for name in args.only or MUTATIONS:
+        relative, old, new, what = MUTATIONS[name]
+        path = os.path.join(args.repo, relative)
+        original = apply(path, old, new)
+        start = time.monotonic()
+        try:
+            result = subprocess.run(f"{sys.executable} -m pytest {args.pytest_args}", shell=True, cwd=args.repo,
+                                    capture_output=True, text=True)
+        finally:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(original)
+        failed = [line.split(" ")[1] for line in result.stdout.splitlines()
+                  if line.startswith(("FAILED ", "ERROR "))]
+        verdict = "killed" if result.returncode != 0 and failed else (
+            "survived" if result.returncode == 0 else f"pytest exit {result.returncode}")
+        rows.append((name, what, verdict, failed[0] if failed else "", time.monotonic() - start))
+        print(f"{name}: {verdict} in {rows[-1][4]:.0f} s {failed[:1]}", flush=True)
+    print("\n| mutation | the bug | result | first failing test | seconds |\n|---|---|---|---|---:|")
+    for name, what, verdict, test, seconds in rows:
+        print(f"| {name} | {what} | {verdict} | {test} | {seconds:.0f} |")
+    return 0 if all(r[2] == "killed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
