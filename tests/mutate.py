@@ -65,7 +65,7 @@ def apply(path, old, new):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(MUTATIONS), help="these mutations (default all)")
-    p.add_argument("--pytest-args", default='-x -q -p no:cacheprovider -n 2 -m "not slow" tests',
+    p.add_argument("--pytest-args", default='-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests',
                    help="what pytest runs against each mutation (default: the fast tier, stopping at the "
                         "first failure)")
     p.add_argument("--repo", default=REPO, help="the tree to mutate and test (default this one)")
