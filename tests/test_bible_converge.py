@@ -78,3 +78,12 @@ def test_averaged_checkpoint_only_where_it_helps_both_models_of_a_pair():
     one = {"transformer": scored(10, 11), "transformer_memattn": scored(9, 8.5)}
     assert converge.chosen_checkpoint(both, "transformer", "transformer_memattn") == "average"
     assert converge.chosen_checkpoint(one, "transformer", "transformer_memattn") == "best"
+
+
+def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("x | INFO | fairseq_cli.train | done training in 0.3 seconds\n"
+                   "terminate called without an active exception\n")
+    assert converge.trained(0, log) and converge.trained(134, log)
+    log.write_text("x | INFO | train | epoch 001 | loss 4.5\nTraceback (most recent call last):\n")
+    assert not converge.trained(1, log) and not converge.trained(None, log)

@@ -92,6 +92,16 @@ def wait_all(processes, seconds):
     return codes
 
 
+def trained(code, log_path):
+    """Whether a fairseq-train run finished: exit 0, or "done training" logged before a failed exit
+    (fairseq-train now and then aborts in its teardown, "terminate called without an active
+    exception", after its checkpoints are written)."""
+    if code == 0:
+        return True
+    with open(log_path, encoding="utf-8") as f:
+        return code is not None and "fairseq_cli.train | done training in" in f.read()
+
+
 def smoke(args, stage, work):
     """A few updates of every model at once: a broken environment fails here, in about a minute."""
     processes = {}
@@ -102,7 +112,7 @@ def smoke(args, stage, work):
                                  "--no-save"])
         processes[model] = start(command, os.path.join(stage, model, "smoke.log"))
     codes = wait_all(processes, 240)
-    failed = {m: c for m, c in codes.items() if c != 0}
+    failed = {m: c for m, c in codes.items() if not trained(c, os.path.join(stage, m, "smoke.log"))}
     for model, code in failed.items():
         log(f"{model}: smoke training failed (exit {code}); the end of its log:")
         with open(os.path.join(stage, model, "smoke.log"), encoding="utf-8") as f:
@@ -232,7 +242,7 @@ def run(args):
         if tests is not None:
             code = wait_all({"tests": tests}, max(1.0, args.minutes * 60 - (time.monotonic() - begun) - 20))
             log(f"CUDA tests exit code {code['tests']}")
-        return 0 if all(c == 0 for c in codes.values()) else 1
+        return 0 if all(trained(c, os.path.join(stage, m, "train.log")) for m, c in codes.items()) else 1
     finally:
         with tarfile.open(os.path.join(args.out, ARCHIVE), "w:gz") as tar:
             tar.add(stage, arcname="converged")
