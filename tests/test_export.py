@@ -262,3 +262,38 @@ def test_batches_by_tokens():
     for batch in batches:
         assert len(batch) <= 3 and max(lengths[i] for i in batch) * len(batch) <= 14
     assert batches[0] == [1, 3, 4]  # shortest first, as fairseq orders a dataset
+
+
+@pytest.mark.slow
+def test_out_must_be_a_new_or_empty_folder_unless_forced(trained, tmp_path):
+    checkpoint, _ = trained("attention")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ExportError, match=f"invalid OUT: {re.escape(str(a_file))} is a file"):
+        export(str(checkpoint), str(a_file))
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "spm.model").write_text("an earlier export's sentencepiece model")
+    (earlier / "notes.txt").write_text("not the export's")
+    with pytest.raises(ExportError, match="is not empty .*pass --force"):
+        export(str(checkpoint), str(earlier))
+    export(str(checkpoint), str(earlier), force=True)
+    # The copy task has no sentencepiece model: the stale one is gone, not taken for this export's.
+    assert not (earlier / "spm.model").exists() and (earlier / "notes.txt").exists()
+    assert Translator(str(earlier)).translate_ids([[4, 5, 2]], beam=2)
+
+
+@pytest.mark.slow
+def test_data_is_honoured_from_any_folder(own_pair_transformer, tmp_path):
+    """The recipe's checkpoint names its data relative to where it trained; from elsewhere --data
+    tells the export where the dictionaries are."""
+    checkpoint = own_pair_transformer["checkpoint"]
+    data_bin = own_pair_transformer["out"] / "data-bin"
+    command = [sys.executable, "-m", "fairseq_memattn.export", str(checkpoint)]
+    without = subprocess.run([*command, str(tmp_path / "a")], env=clean_env(), cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert without.returncode == 2 and "pass --data DIR" in without.stderr.strip().splitlines()[-1]
+    result = subprocess.run([*command, str(tmp_path / "b"), "--data", str(data_bin)], env=clean_env(),
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "b" / "config.json").exists() and (tmp_path / "b" / "spm.model").exists()

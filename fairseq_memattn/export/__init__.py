@@ -1,7 +1,7 @@
 """Export a checkpoint of this plugin to ONNX graphs for ONNX Runtime
 (``fairseq_memattn.deploy`` translates with them):
 
-    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8]
+    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--force]
 
 Exports ``transformer_memattn`` (both reads; shared or per-layer memories)
 and ``lstm_memattn`` with memory attention. OUT holds ``encoder.onnx``
@@ -40,8 +40,10 @@ def load_checkpoint(path: str, data: str = None):
 
     if not os.path.isfile(path):
         raise ExportError(f"checkpoint not found: {path}")
+    overrides = {"data": data} if data else None
     try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        # The overrides go in here: given state=, load_model_ensemble_and_task does not apply them.
+        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
         cfg = state["cfg"]
         arch = _architecture(cfg)
     except Exception as error:
@@ -58,7 +60,6 @@ def load_checkpoint(path: str, data: str = None):
     if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
                           f"the export supports {SUPPORTED}")
-    overrides = {"data": data} if data else None
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
                                                                       state=state)
@@ -70,14 +71,17 @@ def load_checkpoint(path: str, data: str = None):
 
 
 def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
-           sentencepiece_model: str = None) -> dict:
-    """Write the graphs, config and dictionaries of ``checkpoint`` to ``out``; returns the config."""
+           sentencepiece_model: str = None, force: bool = False) -> dict:
+    """Write the graphs, config and dictionaries of ``checkpoint`` to ``out``; returns the config.
+    An existing ``out`` must be an empty folder, or ``force`` removes what an export writes there
+    first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's)."""
     try:
         import onnx
     except ImportError:
         raise ExportError('the export needs onnx and onnxruntime: pip install "fairseq_memattn[deploy]"')
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
+    check_out(out, force)
     model, task = load_checkpoint(checkpoint, data)
     from ..models.transformer_memattn import MemAttnTransformerModel
     from . import lstm, transformer
@@ -113,6 +117,23 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     return config
 
 
+def export_files(out: str):
+    """What an export wrote to ``out``: graphs, dictionaries, sentencepiece model, config."""
+    return [name for name in os.listdir(out) if name.endswith(".onnx") or name in
+            ("dict.source.txt", "dict.target.txt", "spm.model", "config.json")]
+
+
+def check_out(out: str, force: bool):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"invalid OUT: {out} is a file (give a folder, new or empty)")
+    if os.path.isdir(out) and os.listdir(out):
+        if not force:
+            raise ExportError(f"invalid OUT: {out} is not empty (give a new or empty folder, or pass "
+                              "--force to replace an earlier export there)")
+        for name in export_files(out):
+            os.remove(os.path.join(out, name))
+
+
 def _data_sentencepiece(task):
     """spm.model in the task's data folder or the one above it (the WMT'17 recipe's layout)."""
     data = getattr(getattr(task, "cfg", None), "data", None)
@@ -133,6 +154,8 @@ def parse_args(argv=None):
     parser.add_argument("out", help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")
+    parser.add_argument("--force", action="store_true",
+                        help="export into a folder that is not empty, replacing an earlier export's files")
     parser.add_argument("--sentencepiece-model", help="copy this sentencepiece model into OUT "
                                                       "(default: spm.model of the data folder, if any)")
     return parser, parser.parse_args(argv)
@@ -141,7 +164,8 @@ def parse_args(argv=None):
 def main(argv=None):
     parser, args = parse_args(argv)
     try:
-        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model)
+        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
+                        args.force)
     except ExportError as error:
         parser.error(str(error))
     print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)

@@ -76,7 +76,7 @@ def main(argv=None):
     for quantize in (None, "int8"):
         folder = os.path.join(args.workdir, quantize or "float32")
         if not os.path.exists(os.path.join(folder, "config.json")):
-            export(args.checkpoint, folder, data=data_bin, quantize=quantize)
+            export(args.checkpoint, folder, data=data_bin, quantize=quantize, force=True)  # an interrupted export
         translator = Translator(folder, threads=args.threads)
         ids = sources(data_bin, src, tgt, args.subset)
         start = time.perf_counter()
