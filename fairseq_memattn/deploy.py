@@ -161,6 +161,7 @@ class Translator:
         returns them: dicts of tokens (EOS last), score, positional_scores and,
         with ``alignment``, attention (T x |x|: every target token over its
         source's tokens) and alignment (hard pairs (source, target), EOS excluded)."""
+        beam = min(beam, len(self.tgt_dict) - 1)  # as SequenceGenerator clamps it
         src_tokens = self.padded_as_exported(np.asarray(src_tokens, dtype=np.int64))
         bsz, src_len = src_tokens.shape
         max_len = min(int(max_len_a * src_len + max_len_b), self.config["max_target_positions"] - 1)

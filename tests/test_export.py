@@ -297,3 +297,13 @@ def test_data_is_honoured_from_any_folder(own_pair_transformer, tmp_path):
                             cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "b" / "config.json").exists() and (tmp_path / "b" / "spm.model").exists()
+
+
+@pytest.mark.slow
+def test_beam_larger_than_the_vocabulary_is_clamped_as_fairseq_does(trained):
+    _, folder = trained("attention")
+    translator = Translator(str(folder))
+    largest = len(translator.tgt_dict) - 1
+    clamped, largest_beam = (translator.translate_ids([[4, 5, 2]], beam=beam)[0] for beam in (500, largest))
+    assert len(clamped) == largest
+    assert [(list(h["tokens"]), h["score"]) for h in clamped] == [(list(h["tokens"]), h["score"]) for h in largest_beam]
