@@ -87,3 +87,12 @@ def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
     assert converge.trained(0, log) and converge.trained(134, log)
     log.write_text("x | INFO | train | epoch 001 | loss 4.5\nTraceback (most recent call last):\n")
     assert not converge.trained(1, log) and not converge.trained(None, log)
+
+
+def test_output_tokens_are_counted_from_positional_scores(tmp_path):
+    """The BPE tokens and EOS of each best hypothesis, not the words of its post-processed text."""
+    generate = tmp_path / "generate.test.txt"
+    generate.write_text("S-0\tA dog.\nH-0\t-0.5\tLe chien.\nD-0\t-0.5\tLe chien.\nP-0\t-0.1 -0.2 -0.3 -0.4 -0.5\n"
+                        "H-0\t-0.9\tUn chien.\nP-0\t-0.1 -0.2\n"  # a second hypothesis (--nbest 2)
+                        "S-1\tCat.\nH-1\t-0.2\tChat.\nP-1\t-0.1 -0.3\n")
+    assert converge.output_tokens(generate) == 5 + 2

@@ -288,13 +288,14 @@ def score(hypotheses_path, references):
 
 
 def output_tokens(generate_path):
-    """Target tokens fairseq-generate produced (BPE pieces of each best hypothesis, plus its EOS)."""
+    """Target tokens fairseq-generate produced: one positional score (P- line) per token of each
+    best hypothesis, its EOS included (H- lines show the text after --post-process)."""
     found = {}
     with open(generate_path, encoding="utf-8") as f:
         for line in f:
             fields = line.rstrip("\n").split("\t")
-            if fields[0].startswith("H-") and len(fields) > 2:
-                found.setdefault(fields[0], len(fields[2].split()) + 1)
+            if fields[0].startswith("P-") and len(fields) > 1:
+                found.setdefault(fields[0], len(fields[1].split()))
     return sum(found.values())
 
 
