@@ -24,7 +24,7 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import List
+from typing import List, Tuple
 
 import sacrebleu
 
@@ -148,9 +148,13 @@ def read_hypotheses(generate_output: str, n: int):
     return [found.get(i, "") for i in range(n)], n - len(found)
 
 
-def decoding_seconds(log: str) -> float:
-    found = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", log)
-    return float(found.group(1)) if found else float("nan")
+def decoding_stats(log: str) -> Tuple[float, float]:
+    """(seconds, output tokens) of fairseq-generate's "Translated N sentences (T tokens) in Xs";
+    its T counts the BPE tokens of the printed hypotheses, EOS included."""
+    found = re.search(r"Translated [\d,]+ sentences \(([\d,]+) tokens\) in ([\d.]+)s", log)
+    if not found:
+        return float("nan"), float("nan")
+    return float(found.group(2)), float(found.group(1).replace(",", ""))
 
 
 def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus: int,
@@ -168,13 +172,14 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
                "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
                *(["--cpu"] if gpus == 0 else ["--fp16"]), *extra]
     print(shlex.join(command), flush=True)
-    seconds = []
+    seconds, tokens = [], float("nan")
     for _ in range(runs):
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             sys.stderr.write(result.stderr)
             raise SystemExit(f"wmt17 evaluate: fairseq-generate failed (exit {result.returncode})")
-        seconds.append(decoding_seconds(result.stdout + result.stderr))
+        run_seconds, tokens = decoding_stats(result.stdout + result.stderr)
+        seconds.append(run_seconds)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"generate.{subset}.txt"), "w", encoding="utf-8") as f:
         f.write(result.stdout)
@@ -185,7 +190,7 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
     score = bleu.corpus_score(hyps, [refs])
     return {"bleu": round(score.score, 2), "score": str(score), "signature": str(bleu.get_signature()),
             "sentences": len(refs), "missing": missing,
-            "decoding_seconds": round(sum(seconds) / len(seconds), 2), "runs": runs}
+            "decoding_seconds": round(sum(seconds) / len(seconds), 2), "output_tokens": tokens, "runs": runs}
 
 
 def default_gpus() -> int:

@@ -89,10 +89,10 @@ def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
     assert not converge.trained(1, log) and not converge.trained(None, log)
 
 
-def test_output_tokens_are_counted_from_positional_scores(tmp_path):
-    """The BPE tokens and EOS of each best hypothesis, not the words of its post-processed text."""
-    generate = tmp_path / "generate.test.txt"
-    generate.write_text("S-0\tA dog.\nH-0\t-0.5\tLe chien.\nD-0\t-0.5\tLe chien.\nP-0\t-0.1 -0.2 -0.3 -0.4 -0.5\n"
-                        "H-0\t-0.9\tUn chien.\nP-0\t-0.1 -0.2\n"  # a second hypothesis (--nbest 2)
-                        "S-1\tCat.\nH-1\t-0.2\tChat.\nP-1\t-0.1 -0.3\n")
-    assert converge.output_tokens(generate) == 5 + 2
+
+def test_decoding_time_and_output_tokens_from_fairseq_generates_log():
+    from fairseq_memattn.wmt17_run import decoding_stats
+
+    log = ("2026-11-27 05:00:00 | INFO | fairseq_cli.generate | Translated 1,151 sentences (41,207 tokens) "
+           "in 3.2s (359.69 sentences/s, 12877.19 tokens/s)\n")
+    assert decoding_stats(log) == (3.2, 41207.0)

@@ -287,18 +287,6 @@ def score(hypotheses_path, references):
             "signatures": (str(bleu.get_signature()), str(chrf.get_signature()))}
 
 
-def output_tokens(generate_path):
-    """Target tokens fairseq-generate produced: one positional score (P- line) per token of each
-    best hypothesis, its EOS included (H- lines show the text after --post-process)."""
-    found = {}
-    with open(generate_path, encoding="utf-8") as f:
-        for line in f:
-            fields = line.rstrip("\n").split("\t")
-            if fields[0].startswith("P-") and len(fields) > 1:
-                found.setdefault(fields[0], len(fields[1].split()))
-    return sum(found.values())
-
-
 def read_run(folder, references):
     """A model's folder of the archive: its training log and each checkpoint's scores."""
     from fairseq_memattn.train_log import read_train_log
@@ -315,8 +303,8 @@ def read_run(folder, references):
     timed = os.path.join(folder, "best", "evaluate.test.json")
     if os.path.isfile(timed):
         with open(timed, encoding="utf-8") as f:
-            seconds = json.load(f)["decoding_seconds"]
-        run["ms_per_token"] = 1000 * seconds / output_tokens(os.path.join(folder, "best", "generate.test.txt"))
+            timing = json.load(f)
+        run["ms_per_token"] = 1000 * timing["decoding_seconds"] / timing["output_tokens"]
     return run
 
 
