@@ -151,7 +151,7 @@ def once_per_run(tmp_path_factory, name, make):
 def own_pair_recipe(tmp_path_factory):
     """recipes/wmt17 on a user's own corpus of a pair the WMT'17 download does not
     have (toy en-fr, see wmt17_toy.py): prepare --raw-dir, train, evaluate.
-    Trained once per pytest run for test_wmt17, test_hub and test_bible_converge."""
+    Trained once per pytest run for test_wmt17, test_hub, test_bible_converge and test_export."""
     import wmt17_toy
 
     return once_per_run(tmp_path_factory, "own-pair", lambda folder: wmt17_toy.prepare_train_evaluate(folder, "en-fr"))
