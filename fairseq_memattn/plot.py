@@ -36,7 +36,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from .modules.attention import MemoryAttention, MemoryWrite, NoAttention
+from .modules.attention import MemoryAttention, NoAttention
+from .modules.memory import MemoryWrite
 
 logger = logging.getLogger("fairseq_memattn.plot")
 
@@ -89,7 +90,7 @@ def memory_writers(model) -> List[MemoryWrite]:
     Transformer encoder's writers (one, or one per decoder layer); [] for other models."""
     attention = attention_of(model)
     if isinstance(attention, MemoryAttention):
-        return [attention]
+        return [attention.writer]
     writers = getattr(getattr(model, "encoder", None), "writers", None)
     return list(writers) if writers is not None else []
 
@@ -98,24 +99,19 @@ def is_memory_transformer(model) -> bool:
     return not isinstance(attention_of(model), MemoryAttention) and bool(memory_writers(model))
 
 
-def read_mode(read) -> str:
-    """A Transformer layer's read: "mix" (Eq. 6-7, W_beta h) or "attention" (multi-head)."""
-    return "mix" if hasattr(read, "W_beta") else "attention"
-
-
 def describe(model, arch: Optional[str] = None) -> str:
     """A title for a model: its architecture, its attention and, for memory attention, K and
     the scores (LSTM) or the read (Transformer)."""
     name = arch or type(model).__name__
     attention = attention_of(model)
     if isinstance(attention, MemoryAttention):
-        return (f"{name}: memory attention K={attention.num_contexts}, "
-                f"{attention.encoder_score}/{attention.decoder_score} scores")
+        return (f"{name}: memory attention K={attention.writer.num_contexts}, "
+                f"{attention.writer.encoder_score}/{attention.read.decoder_score} scores")
     writers = memory_writers(model)
     if writers:
         per_layer = f", {len(writers)} memories (one per layer)" if len(writers) > 1 else ""
         return (f"{name}: memory K={writers[0].num_contexts}, "
-                f"{read_mode(model.decoder.layers[0].encoder_attn)} read{per_layer}")
+                f"{model.decoder.layers[0].encoder_attn.name} read{per_layer}")
     if attention is not None:
         return f"{name}: " + type(attention).__name__.replace("Attention", " attention").strip().lower()
     return name
@@ -171,7 +167,7 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     transformer = is_memory_transformer(model)
     layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
     # The module the read's query goes into: the layer's read, or the LSTM's W_beta (Eq. 7).
-    queried = model.decoder.layers[layer].encoder_attn if transformer else writers[0].W_beta
+    queried = model.decoder.layers[layer].encoder_attn if transformer else attention_of(model).read.W_beta
     states, queries = [[] for _ in writers], []
     hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
     hooks.append(capture_inputs(queried, queries, "query" if transformer else "input"))
@@ -187,7 +183,7 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
         written.append(writer.write(source_states, no_padding))  # (C, alpha): one example, no padding
     alphas = [alpha[0].float() for _, alpha in written]
     if not transformer:  # the LSTM's W_beta is called once per decoder step
-        beta = writers[0].decoder_scores(torch.cat(queries, dim=1))[0]  # T x K (Eq. 7)
+        beta = attention_of(model).read.read_weights(torch.cat(queries, dim=1))[0]  # T x K (Eq. 7)
         return alphas, beta.float(), 0, ""
     memory_index = layer if len(writers) > 1 else 0  # --memory-per-layer: layer l reads memory l
     contexts = written[memory_index][0]
@@ -196,7 +192,7 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     heads = weights.size(1)
     if choice.head is not None and not 0 <= choice.head < heads:
         raise PlotError(f"--head {choice.head} is out of range: layer {layer}'s "
-                        f"{read_mode(queried)} read has heads 0..{heads - 1}")
+                        f"{queried.name} read has heads 0..{heads - 1}")
     last = " (last)" if layer == len(model.decoder.layers) - 1 else ""
     name = f"layer {layer}{last}"
     if heads > 1:

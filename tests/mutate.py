@@ -17,7 +17,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION = "fairseq_memattn/modules/attention.py"
-TRANSFORMER = "fairseq_memattn/models/transformer_memattn.py"
+MEMORY = "fairseq_memattn/modules/memory.py"
+READS = "fairseq_memattn/modules/memory_reads.py"
 
 # name: (file, what the library says, the bug, what the bug is)
 MUTATIONS = {
@@ -26,29 +27,27 @@ MUTATIONS = {
              "additive attention without its tanh"),
     "scaling": (ATTENTION, "self.scale = 1.0 / math.sqrt(encoder_dim) if scaled else 1.0",
                 "self.scale = 1.0", "scaled dot product without the 1/sqrt(D)"),
-    "window-centre": (ATTENTION, "c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K",
+    "window-centre": (MEMORY, "c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K",
                       "c = (torch.arange(K, device=r.device, dtype=torch.float32) + 1.0) / K",
                       "the position window's centres moved by half a stretch"),
-    "alignment-heads": (TRANSFORMER, "align.mean(dim=0))", "align.sum(dim=0))",
+    "alignment-heads": (READS, "align.mean(dim=0))", "align.sum(dim=0))",
                         "the Transformer's alignment summed over heads, not averaged"),
-    "memory-index": (TRANSFORMER, "cache = self.project_memory(memories[:, self.memory_index].to(dtype))",
+    "memory-index": (READS, "cache = self.project_memory(memories[:, self.memory_index].to(dtype))",
                      "cache = self.project_memory(memories[:, self.memory_index - 1].to(dtype))",
                      "each decoder layer reads the previous layer's memory (--memory-per-layer)"),
-    "write-axis": (ATTENTION, 'dim = -1 if self.encoder_normalize == "contexts" else 1',
+    "write-axis": (MEMORY, 'dim = -1 if self.encoder_normalize == "contexts" else 1',
                    'dim = 1 if self.encoder_normalize == "contexts" else -1',
                    "the write's softmax (Eq. 5) over the wrong axis"),
-    "eq10": (ATTENTION, "L = (1 - k) * (1 - s / max_len) + k * (s / max_len)",
+    "eq10": (MEMORY, "L = (1 - k) * (1 - s / max_len) + k * (s / max_len)",
              "L = (1 - k) * (s / max_len) + k * (1 - s / max_len)",
              "Eq. 10's position encodings with k and s/S crossed"),
-    "eq9": (ATTENTION, "scores = scores * pe.type_as(scores)  # Eq. 9",
+    "eq9": (MEMORY, "scores = scores * pe.type_as(scores)  # Eq. 9",
             "scores = scores + pe.type_as(scores)  # Eq. 9",
             "Eq. 9's position encodings added, not multiplied"),
     "gate": (ATTENTION, "torch.sigmoid(self.gate(states)) * states", "torch.sigmoid(self.gate(states))",
              "gated linear attention's gate without the states (u_t = sigmoid(W s_t + b))"),
-    "alignment-transpose": (ATTENTION,
-                            'weights = sum_of_products(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory',
-                            'weights = sum_of_products(beta, memory["alpha"].flip(1).transpose(1, 2)) if "alpha" in memory',
-                            "the LSTM's alignment beta alpha^T (Sec. 5) with the source reversed"),
+    "alignment-transpose": (MEMORY, "alpha_t = alpha.transpose(1, 2)", "alpha_t = alpha.flip(1).transpose(1, 2)",
+                            "the alignment beta alpha^T (Sec. 5) with the source reversed"),
 }
 
 

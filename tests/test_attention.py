@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import attention_args, build_model, left_padded_batch, make_args
 
-from fairseq_memattn.modules.attention import MemoryAttention, build_attention, position_encodings
+from fairseq_memattn.modules.attention import MemoryAttention, build_attention
+from fairseq_memattn.modules.memory import position_encodings
 
 
 def random_states(lengths, dim=6, seed=0):
@@ -20,15 +21,15 @@ def random_states(lengths, dim=6, seed=0):
 
 def eq4_to_7_by_loops(attn, states, mask, query):
     """Eq. 4-7 written out with Python loops, straight from the paper."""
-    W_alpha, W_beta = attn.W_alpha.weight, attn.W_beta.weight  # K x E, K x H
+    W_alpha, W_beta = attn.writer.W_alpha.weight, attn.read.W_beta.weight  # K x E, K x H
     K = W_alpha.size(0)
     score = {"softmax": lambda v: torch.softmax(v, 0), "sigmoid": torch.sigmoid}
     contexts, outputs = [], []
     for b in range(states.size(0)):
         steps = [t for t in range(states.size(1)) if not mask[b, t]]
         raw = {t: W_alpha @ states[b, t] for t in steps}
-        if attn.encoder_normalize == "contexts" or attn.encoder_score == "sigmoid":
-            alpha = {t: score[attn.encoder_score](raw[t]) for t in steps}  # Eq. 5, over K
+        if attn.writer.encoder_normalize == "contexts" or attn.writer.encoder_score == "sigmoid":
+            alpha = {t: score[attn.writer.encoder_score](raw[t]) for t in steps}  # Eq. 5, over K
         else:  # softmax of each context over time
             over_time = torch.softmax(torch.stack([raw[t] for t in steps]), 0)
             alpha = {t: over_time[i] for i, t in enumerate(steps)}
@@ -36,7 +37,7 @@ def eq4_to_7_by_loops(attn, states, mask, query):
         contexts.append(C)
         row = []
         for h in query[b]:
-            beta = score[attn.decoder_score](W_beta @ h)  # Eq. 7
+            beta = score[attn.read.decoder_score](W_beta @ h)  # Eq. 7
             row.append(sum(beta[k] * C[k] for k in range(K)))  # Eq. 6
         outputs.append(torch.stack(row))
     return torch.stack(contexts), torch.stack(outputs)
@@ -67,8 +68,8 @@ def test_memory_alignment_is_beta_times_alpha_transposed():
     memory = attn.build_memory(states, mask)
     _, weights = attn.lookup(memory, query)
     for b in range(2):
-        beta = torch.softmax(query[b] @ attn.W_beta.weight.T, -1)  # T x K
-        alpha = torch.softmax(states[b] @ attn.W_alpha.weight.T, -1)  # S x K
+        beta = torch.softmax(query[b] @ attn.read.W_beta.weight.T, -1)  # T x K
+        alpha = torch.softmax(states[b] @ attn.writer.W_alpha.weight.T, -1)  # S x K
         alpha = alpha.masked_fill(mask[b, :, None], 0)
         torch.testing.assert_close(weights[b], beta @ alpha.T)
 
@@ -87,9 +88,9 @@ def test_position_encodings_multiply_encoder_scores():
     torch.manual_seed(3)
     attn = MemoryAttention(6, 5, num_contexts=2, position_encoding_max_len=4)
     states, mask = random_states([3])
-    alpha = attn.encoder_scores(states, mask)
+    alpha = attn.writer.encoder_scores(states, mask)
     pe = position_encodings(mask, 2, 4)
-    torch.testing.assert_close(alpha, torch.softmax(attn.W_alpha(states) * pe, -1))
+    torch.testing.assert_close(alpha, torch.softmax(attn.writer.W_alpha(states) * pe, -1))
 
 
 def test_padding_never_contributes_to_memory():

@@ -98,15 +98,15 @@ def position_encoding_reference(length, K, S):
 
 def memory_contexts_reference(attn, states, encoder_score, normalize, max_len):
     """Eq. 4-5 (Eq. 9 with position encodings): alpha (|x| lists of K) and C (K rows)."""
-    K = attn.W_alpha.weight.size(0)
-    raw = [[attn.W_alpha.weight[k] @ s for k in range(K)] for s in states]
+    K = attn.writer.W_alpha.weight.size(0)
+    raw = [[attn.writer.W_alpha.weight[k] @ s for k in range(K)] for s in states]
     if max_len is not None:
         l = position_encoding_reference(len(states), K, max_len)
         raw = [[raw[t][k] * l[t][k] for k in range(K)] for t in range(len(states))]
-    if attn.window_log_width is not None:  # --memory-position-window
+    if attn.writer.window_log_width is not None:  # --memory-position-window
         n = len(states)
         raw = [[raw[t][k] - ((t + 0.5) / n - (k + 0.5) / K) ** 2
-                / (2 * math.exp(attn.window_log_width[k]) ** 2) for k in range(K)] for t in range(n)]
+                / (2 * math.exp(attn.writer.window_log_width[k]) ** 2) for k in range(K)] for t in range(n)]
     if encoder_score == "softmax" and normalize == "time":
         per_context = [softmax([raw[t][k] for t in range(len(states))]) for k in range(K)]
         alpha = [[per_context[k][t] for k in range(K)] for t in range(len(states))]
@@ -119,7 +119,7 @@ def memory_contexts_reference(attn, states, encoder_score, normalize, max_len):
 def memory_lookup_reference(attn, alpha, C, h, decoder_score):
     """Eq. 6-7 and the alignment beta alpha^T."""
     K = len(C)
-    beta = score(decoder_score, [attn.W_beta.weight[k] @ h for k in range(K)])
+    beta = score(decoder_score, [attn.read.W_beta.weight[k] @ h for k in range(K)])
     context = sum(beta[k] * C[k] for k in range(K))
     alignment = [sum(beta[k] * alpha[t][k] for k in range(K)) for t in range(len(alpha))]
     return context, alignment

@@ -113,7 +113,7 @@ def beta_alpha(model, source, target):
     finally:
         hook.remove()
         del attention.build_memory
-    W_alpha, W_beta = attention.W_alpha.weight, attention.W_beta.weight
+    W_alpha, W_beta = attention.writer.W_alpha.weight, attention.read.W_beta.weight
     l = eq10_position_encodings(source.numel(), cfg.memory_k, cfg.memory_position_max_len)
     alpha = torch.sigmoid((captured["s"] @ W_alpha.T) * l)
     beta = torch.softmax(captured["h"] @ W_beta.T, dim=-1)

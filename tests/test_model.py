@@ -141,7 +141,7 @@ def test_sequence_generator_with_alignment_gets_beta_alpha_transposed(dictionary
                         lambda states, mask: seen.update(states=states) or build_memory(states, mask))
     monkeypatch.setattr(attention, "lookup",
                         lambda memory, query: seen.update(query=query) or lookup(memory, query))
-    W_alpha, W_beta = attention.W_alpha.weight, attention.W_beta.weight
+    W_alpha, W_beta = attention.writer.W_alpha.weight, attention.read.W_beta.weight
     for row, sentence in enumerate(SOURCES):
         best = hypos[row][0]
         assert "alignment" in best

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_map
 
-from fairseq_memattn.modules.attention import build_attention, masked_fill_min, score_function
+from fairseq_memattn.modules.attention import build_attention
+from fairseq_memattn.modules.memory import score_function
+from fairseq_memattn.modules.numerics import masked_fill_min
 
 # Every attention variant, as build_attention options.
 VARIANTS = {
@@ -79,20 +81,20 @@ def by_formula(name, attention, states, mask, query):
             a = torch.softmax(scores, dim=1)  # Eq. 2
             context = a @ x  # Eq. 1
         elif name.startswith("memory"):
-            raw = x @ P["W_alpha.weight"].T  # n x K, Eq. 5
+            raw = x @ P["writer.W_alpha.weight"].T  # n x K, Eq. 5
             K = raw.size(1)
             if name == "memory-position":  # Eq. 9-10, S = max_len, renormalised over the sentence
-                s_ = torch.arange(1, n + 1, dtype=torch.float64)[:, None] / attention.position_encoding_max_len
+                s_ = torch.arange(1, n + 1, dtype=torch.float64)[:, None] / attention.writer.position_encoding_max_len
                 k_ = torch.arange(1, K + 1, dtype=torch.float64)[None] / K
                 L = (1 - k_) * (1 - s_) + k_ * s_
                 raw = raw * L / L.sum(0)
-            if attention.encoder_score == "sigmoid":
+            if attention.writer.encoder_score == "sigmoid":
                 alpha = torch.sigmoid(raw)
             else:
-                alpha = torch.softmax(raw, dim=1 if attention.encoder_normalize == "contexts" else 0)
+                alpha = torch.softmax(raw, dim=1 if attention.writer.encoder_normalize == "contexts" else 0)
             C = alpha.T @ x  # Eq. 4
-            raw_beta = h @ P["W_beta.weight"].T  # Eq. 7
-            beta = torch.sigmoid(raw_beta) if attention.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
+            raw_beta = h @ P["read.W_beta.weight"].T  # Eq. 7
+            beta = torch.sigmoid(raw_beta) if attention.read.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
             context = beta @ C  # Eq. 6
             a = beta @ alpha.T  # Sec. 5
         else:  # cheap linear attention: c = (1/n) sum_t u_t u_t^T q, weights u_t^T q / n
@@ -177,8 +179,8 @@ def long_problem(name, saturated, seed, E=64, H=12, K=32, dropout=0.2):
     if saturated:
         states = torch.ones(2, LONG, E)
         with torch.no_grad():
-            attention.W_alpha.weight.fill_(1.0)
-            attention.W_beta.weight.fill_(1.0)
+            attention.writer.W_alpha.weight.fill_(1.0)
+            attention.read.W_beta.weight.fill_(1.0)
         query = torch.ones(2, 3, H)
     else:
         states = torch.rand(2, LONG, E, generator=gen) * 2 - 1

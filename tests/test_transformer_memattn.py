@@ -24,11 +24,10 @@ from fairseq_memattn.hub import attention_returned
 from fairseq_memattn.modules import beam_sharing
 from fairseq_memattn.models.transformer_memattn import (
     MemAttnTransformerModel,
-    MemoryAttentionRead,
-    MemoryMixRead,
     base_architecture,
     iwslt_de_en_architecture,
 )
+from fairseq_memattn.modules.memory_reads import AttentionRead, MixRead
 
 # Decoder inputs without padding (BOS = EOS first), one row per source of SOURCES.
 PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 7], [2, 5, 4, 4]])
@@ -257,7 +256,7 @@ def test_mix_read_is_eq_6_7(decoder_score, group):
     """beta = score(W_beta h), c = sum_k beta_k C_k, output W_o c + b_o; the
     alignment is beta alpha^T; hypotheses sharing a row read that row."""
     torch.manual_seed(0)
-    read = MemoryMixRead(16, 16, num_contexts=3, decoder_score=decoder_score, memory_index=1)
+    read = MixRead(16, 16, num_contexts=3, decoder_score=decoder_score, memory_index=1)
     torch.nn.init.normal_(read.out_proj.bias)
     encoder_out = random_memory()
     query = torch.randn(4, 2 * group, 16)  # T x hypotheses x D: `group` per memory row
@@ -280,7 +279,7 @@ def test_attention_read_is_fairseq_multihead_attention_over_the_memory(group):
     with the K memory rows as keys and values, a copy per hypothesis; the
     alignment is its head-averaged weights times alpha^T."""
     torch.manual_seed(0)
-    read = MemoryAttentionRead(16, 2, memory_dim=12, dropout=0.0, memory_index=1)
+    read = AttentionRead(16, 2, memory_dim=12, dropout=0.0, memory_index=1)
     reference = MultiheadAttention(16, 2, kdim=12, vdim=12, encoder_decoder_attention=True)
     reference.load_state_dict(read.state_dict())
     encoder_out = random_memory(dim=12)
@@ -300,8 +299,8 @@ def test_reads_project_the_memory_once_per_source(dictionary, monkeypatch):
     first step, from one row per source."""
     model = build_transformer(dictionary, memory_read="attention", per_layer=True)
     calls = []
-    project = MemoryAttentionRead.project_memory
-    monkeypatch.setattr(MemoryAttentionRead, "project_memory",
+    project = AttentionRead.project_memory
+    monkeypatch.setattr(AttentionRead, "project_memory",
                         lambda self, contexts: calls.append(contexts.size(0)) or project(self, contexts))
     tokens, lengths = left_padded_batch(dictionary, SOURCES)
     with torch.no_grad():
@@ -416,7 +415,7 @@ def test_beam_search_keeps_memory_and_cache_at_one_row_per_source(dictionary, mo
         seen_encoder.append((out["memory"][0].size(0), int(out["group"][0]), new_order.numel()))
         return out
 
-    read = MemoryAttentionRead.read
+    read = AttentionRead.read
 
     def spy_read(self, query, cache):
         seen_reads.append((id(self), query.size(0), query.size(1), cache["key"].size(0),
@@ -424,7 +423,7 @@ def test_beam_search_keeps_memory_and_cache_at_one_row_per_source(dictionary, mo
         return read(self, query, cache)
 
     monkeypatch.setattr(model.encoder, "reorder_encoder_out", spy_reorder)
-    monkeypatch.setattr(MemoryAttentionRead, "read", spy_read)
+    monkeypatch.setattr(AttentionRead, "read", spy_read)
     beam_search_with_varied_lengths(model, dictionary)
     seen_encoder.clear()
     seen_reads.clear()

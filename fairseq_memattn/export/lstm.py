@@ -14,12 +14,12 @@
 
 import numpy as np
 
+from ..modules.attention import MemoryAttention
 from .graph import FLOAT, INT64, Graph, as_array
-from .transformer import _write
 
 
 def check_supported(model) -> None:
-    if model.encoder.attention.__class__.__name__ != "MemoryAttention":
+    if not isinstance(model.encoder.attention, MemoryAttention):
         raise ValueError("the export supports lstm_memattn with --attention-type memory only")
 
 
@@ -54,9 +54,9 @@ def encoder_graph(model) -> Graph:
     states = g.op("Transpose", x, perm=[1, 0, 2])  # B x S x 2H, zero at padding
     tokens_mask_f = g.op("Cast", not_pad, to=FLOAT)
     sentence_lengths = g.op("ReduceSum", tokens_mask_f, g.const([1], np.int64), keepdims=1)
-    contexts, alpha = _write(g, encoder.attention, states, padding, tokens_mask_f,
-                             g.op("Cast", counts, to=FLOAT), sentence_lengths)
-    K = encoder.attention.num_contexts
+    contexts, alpha = encoder.attention.writer.onnx_write(g, states, padding, tokens_mask_f,
+                                                          g.op("Cast", counts, to=FLOAT), sentence_lengths)
+    K = encoder.attention.writer.num_contexts
     g.output(g.op("Unsqueeze", alpha, g.const([1], np.int64)), "alpha", FLOAT, ["batch", 1, "src_len", K])
     g.output(contexts, "memory_contexts", FLOAT, ["batch", K, 2 * H])
     # final_state = [h fwd; h bwd; c fwd; c bwd] of the top layer, then the bridge
@@ -72,7 +72,7 @@ def encoder_graph(model) -> Graph:
 
 def decoder_graph(model) -> Graph:
     decoder, attention = model.decoder, model.decoder.attention
-    L, H, E, K = decoder.num_layers, decoder.hidden_size, attention.context_dim, attention.num_contexts
+    L, H, E, K = decoder.num_layers, decoder.hidden_size, attention.context_dim, attention.writer.num_contexts
     g = Graph("memattn_lstm_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     g.input("step", INT64, [1])
@@ -94,18 +94,13 @@ def decoder_graph(model) -> Graph:
         x = g.op("Squeeze", y, g.const([0, 1], np.int64))  # N x H
         new_h.append(h)
         new_c.append(c)
-    # Eq. 7 and 6, the hypotheses of a source reading its one row together
-    scores = g.op("MatMul", x, g.weight(as_array(attention.W_beta.weight).T, "W_beta"))
-    beta = g.op("Softmax", scores, axis=-1) if attention.decoder_score == "softmax" else g.op("Sigmoid", scores)
-    rows = g.op("Slice", g.op("Shape", contexts), g.const([0], np.int64), g.const([1], np.int64))
-    grouped = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))
-    context = g.op("Reshape", g.op("MatMul", grouped, contexts), g.const([-1, E], np.int64))
+    context, beta = attention.read.onnx_mix(g, x, contexts)  # a source's hypotheses read its one row together
     features = g.op("Concat", x, context, axis=1)
     if decoder.attention_mix is not None:
         features = g.op("Tanh", g.linear(features, decoder.attention_mix))
     logits = g.linear(features, decoder.output_projection)
     g.output(g.op("LogSoftmax", logits, axis=-1), "lprobs", FLOAT, ["hypotheses", "vocab"])
-    g.output(beta, "read_weights", FLOAT, ["hypotheses", K])
+    g.output(g.op("Reshape", beta, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
     for name, parts in (("state_h", new_h), ("state_c", new_c)):
         g.output(g.op("Transpose", g.op("Concat", *parts, axis=0), perm=[1, 0, 2]), "new_" + name, FLOAT,
                  ["hypotheses", L, H])
@@ -119,6 +114,6 @@ def build(model):
     state = [{"name": "state_h", "from": "initial_h"}, {"name": "state_c", "from": "initial_c"}]
     if decoder.input_feeding:
         state.append({"name": "state_context", "zeros": [decoder.attention.context_dim]})
-    config = {"model": "lstm_memattn", "memory_k": decoder.attention.num_contexts, "alignment_memory": 0,
+    config = {"model": "lstm_memattn", "memory_k": decoder.attention.writer.num_contexts, "alignment_memory": 0,
               "memory_outputs": ["memory_contexts"], "decoder_state": state, "source_padding": "right"}
     return {"encoder": encoder_graph(model), "decoder": decoder_graph(model)}, config

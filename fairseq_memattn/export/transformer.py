@@ -87,54 +87,10 @@ def _self_attention(g: Graph, x: str, attention, valid: str):
     return g.linear(node, attention.out_proj)
 
 
-# --- the write of Eq. 4-5 (modules/attention.MemoryWrite) ----------------------------
-
-def _write(g: Graph, writer, states: str, padding: str, tokens_mask_f: str, positions: str, lengths: str):
-    """(C: B x K x E, alpha: B x S x K) as MemoryWrite.write computes them."""
-    K = writer.num_contexts
-    scores = g.op("MatMul", states, g.weight(as_array(writer.W_alpha.weight).T, "W_alpha"))  # B x S x K
-    s = g.op("Unsqueeze", positions, g.const([-1], np.int64))  # 1-based position within the sentence
-    if writer.position_encoding_max_len is not None:  # Eq. 10, masked and renormalised (Sec. 3.2)
-        frac = g.op("Div", s, g.const(float(writer.position_encoding_max_len)))
-        k = np.arange(1, K + 1, dtype=np.float32) / K
-        L = g.op("Add", g.op("Mul", g.op("Sub", g.const(1.0), frac), g.const(1 - k)),
-                 g.op("Mul", frac, g.const(k)))
-        L = g.op("Mul", L, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
-        total = g.op("Max", g.op("ReduceSum", L, g.const([1], np.int64), keepdims=1), g.const(1e-12))
-        scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
-    if writer.window_log_width is not None:  # attention.window_scores
-        r = g.op("Div", g.op("Sub", s, g.const(0.5)),
-                 g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)), g.const([-1], np.int64)))
-        c = (np.arange(K, dtype=np.float32) + 0.5) / K
-        width = np.exp(as_array(writer.window_log_width))
-        z = g.op("Div", g.op("Sub", r, g.const(c)), g.const(width))
-        scores = g.op("Add", scores, g.op("Mul", g.op("Mul", z, z), g.const(-0.5)))
-    mask = g.op("Unsqueeze", padding, g.const([-1], np.int64))  # B x S x 1
-    if writer.encoder_score == "softmax":
-        axis = -1 if writer.encoder_normalize == "contexts" else 1
-        alpha = g.op("Softmax", g.masked_fill(scores, mask, float(np.finfo(np.float32).min)), axis=axis)
-    else:
-        alpha = g.op("Sigmoid", scores)
-    alpha = g.masked_fill(alpha, mask, 0.0)
-    contexts = g.op("MatMul", g.op("Transpose", alpha, perm=[0, 2, 1]), states)  # Eq. 4: C = alpha^T s
-    return contexts, alpha
-
-
-def _project_memory(g: Graph, read, contexts: str):
-    """What MemoryAttentionRead / MemoryMixRead.project_memory derive from C, once per source."""
-    if hasattr(read, "k_proj"):
-        return {"key": g.split_heads(g.linear(contexts, read.k_proj), read.num_heads, read.head_dim),
-                "value": g.split_heads(g.linear(contexts, read.v_proj), read.num_heads, read.head_dim)}
-    return {"value": g.op("MatMul", contexts, g.weight(as_array(read.out_proj.weight).T, "W_o"))}
-
-
 def memory_names(model):
     """The encoder outputs the decoder step reads, in order."""
-    names = []
-    for index, layer in enumerate(model.decoder.layers):
-        parts = ("key", "value") if hasattr(layer.encoder_attn, "k_proj") else ("value",)
-        names += [f"memory_{part}_{index}" for part in parts]
-    return names
+    return [f"memory_{part}_{index}" for index, layer in enumerate(model.decoder.layers)
+            for part in layer.encoder_attn.memory_parts]
 
 
 def encoder_graph(model, activation: str) -> Graph:
@@ -157,48 +113,19 @@ def encoder_graph(model, activation: str) -> Graph:
         x = g.layer_norm(x, encoder.layer_norm)
     s = g.op("Cast", counts, to=FLOAT)
     lengths = g.op("ReduceSum", tokens_mask_f, g.const([1], np.int64), keepdims=1)  # B x 1
-    written = [_write(g, writer, x, padding, tokens_mask_f, s, lengths) for writer in encoder.writers]
+    written = [writer.onnx_write(g, x, padding, tokens_mask_f, s, lengths) for writer in encoder.writers]
     alpha = g.op("Concat", *[g.op("Unsqueeze", a, g.const([1], np.int64)) for _, a in written], axis=1)
     g.output(alpha, "alpha", FLOAT, ["batch", len(written), "src_len", encoder.writers[0].num_contexts])
     names = iter(memory_names(model))
     for layer in model.decoder.layers:
         read = layer.encoder_attn
-        shape = memory_shape(read, layer.embed_dim, "batch")
-        for value in _project_memory(g, read, written[read.memory_index][0]).values():
-            g.output(value, next(names), FLOAT, shape)
+        projected = read.onnx_project(g, written[read.memory_index][0])
+        for part in read.memory_parts:
+            g.output(projected[part], next(names), FLOAT, read.memory_shape("batch"))
     return g
 
 
-def memory_shape(read, embed_dim: int, rows: str):
-    if hasattr(read, "k_proj"):
-        return [rows, read.num_heads, "memory_k", read.head_dim]
-    return [rows, "memory_k", embed_dim]
-
-
 # --- one decoder step ------------------------------------------------------------
-
-def _read(g: Graph, read, x: str, memory: dict):
-    """A layer's read for N = rows x group hypotheses (N x D): (output N x D, weights N x K)."""
-    rows = g.op("Slice", g.op("Shape", memory["value"]), g.const([0], np.int64), g.const([1], np.int64))
-    if hasattr(read, "k_proj"):  # MemoryAttentionRead: fairseq's multi-head attention over the K rows
-        heads, head_dim = read.num_heads, read.head_dim
-        q = g.op("Mul", g.linear(x, read.q_proj), g.const(read.scaling))
-        shape = g.op("Concat", rows, g.const([-1, heads, head_dim], np.int64), axis=0)
-        q = g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])  # R x H x G x D/H
-        out, weights = g.attend(q, memory["key"], memory["value"])
-        out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, read.embed_dim], np.int64))
-        out = g.linear(out, read.out_proj)
-        weights = g.op("ReduceMean", weights, axes=[1], keepdims=0)  # R x G x K
-    else:  # MemoryMixRead, Eq. 6-7
-        scores = g.op("MatMul", x, g.weight(as_array(read.W_beta.weight).T, "W_beta"))
-        beta = g.op("Softmax", scores, axis=-1) if read.decoder_score == "softmax" else g.op("Sigmoid", scores)
-        K = read.W_beta.weight.shape[0]
-        weights = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))  # R x G x K
-        out = g.op("MatMul", weights, memory["value"])  # R x G x D
-        out = g.op("Add", g.op("Reshape", out, g.const([-1, read.out_proj.weight.shape[0]], np.int64)),
-                   g.weight(read.out_proj.bias, "b_o"))
-    return out, weights
-
 
 def _cached_self_attention(g: Graph, x: str, attention, index: int, new_positions: list):
     """fairseq's incremental self-attention for one new position (x: N x D).
@@ -244,9 +171,8 @@ def decoder_graph(model, activation: str) -> Graph:
     names = iter(memory_names(model))
     for layer in decoder.layers:
         read = layer.encoder_attn
-        parts = ("key", "value") if hasattr(read, "k_proj") else ("value",)
-        memories.append({part: g.input(next(names), FLOAT, memory_shape(read, layer.embed_dim, "sources"))
-                         for part in parts})
+        memories.append({part: g.input(next(names), FLOAT, read.memory_shape("sources"))
+                         for part in read.memory_parts})
     # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
     x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
     new_positions, weights = [], None
@@ -256,7 +182,7 @@ def decoder_graph(model, activation: str) -> Graph:
 
         def read_memory(y, read=layer.encoder_attn, memory=memories[index]):
             nonlocal weights
-            out, weights = _read(g, read, y, memory)
+            out, weights = read.onnx_read(g, y, memory)
             return out
 
         x = _sublayer(g, x, layer.encoder_attn_layer_norm, layer.normalize_before, read_memory)
@@ -282,7 +208,7 @@ def build(model):
     layers = model.decoder.layers
     config = {
         "model": "transformer_memattn",
-        "memory_read": "attention" if hasattr(layers[0].encoder_attn, "k_proj") else "mix",
+        "memory_read": layers[0].encoder_attn.name,
         "memories": len(model.encoder.writers),
         "memory_k": model.encoder.writers[0].num_contexts,
         "alignment_memory": layers[-1].encoder_attn.memory_index,

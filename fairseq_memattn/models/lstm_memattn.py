@@ -24,10 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..hub import MemAttnHubModel
-from ..modules.attention import (
-    ATTENTION_TYPES,
-    build_attention,
-)
+from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
 from ..checkpoint_fit import checkpoint_misfit, differing
 from .memory_options import (add_memory_args, fill_position_max_len, memory_defaults,
@@ -137,7 +134,7 @@ class MemAttnEncoder(FairseqEncoder):
     def max_positions(self):
         # fairseq filters, skips or refuses longer sources with this limit, so a
         # source beyond the position encodings' S never reaches them.
-        covered = getattr(self.attention, "position_encoding_max_len", None)
+        covered = self.attention.writer.position_encoding_max_len if isinstance(self.attention, MemoryAttention) else None
         return self.max_source_positions if covered is None else min(self.max_source_positions, covered)
 
 
@@ -369,6 +366,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         return False
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        self.upgrade_state_dict(state_dict)  # older parameter names, before they are compared
         if strict:
             check_checkpoint_fits(state_dict, self.state_dict())
         return super().load_state_dict(state_dict, strict, model_cfg, args)
@@ -391,7 +389,7 @@ def _attention_type(parameter_names, has_context) -> str:
         base_architecture(args)
         attention = build_attention(args, 2, 2)
         # window_log_width is an option of memory attention, read by shape_options.
-        return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"window_log_width"})
+        return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"writer.window_log_width"})
                 and has_context in (None, attention.context_dim > 0))
 
     return "/".join(kind for kind in ATTENTION_TYPES if fits(kind))
@@ -415,9 +413,9 @@ def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
     return {
         "attention_type": _attention_type(
             [name[len(attention):] for name in state if name.startswith(attention)], has_context),
-        "memory_k": _dim(state, attention + "W_alpha.weight", 0),
-        "memory_position_window": (attention + "window_log_width" in state
-                                   if attention + "W_alpha.weight" in state else None),
+        "memory_k": _dim(state, attention + "writer.W_alpha.weight", 0),
+        "memory_position_window": (attention + "writer.window_log_width" in state
+                                   if attention + "writer.W_alpha.weight" in state else None),
         "attention_dim": _dim(state, attention + "v.weight", 1),
         "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
         "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),

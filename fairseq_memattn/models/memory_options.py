@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import numpy as np
 from fairseq import utils
 
-from ..modules.attention import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
+from ..modules.memory import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,13 @@ change:
 
 * the encoder, after fairseq's layers, writes K attention contexts
   C (B x K x d) from its final states with the write of Sec. 3 (Eq. 4-5, with
-  the position encodings of Eq. 8-10: ``attention.MemoryWrite``), one memory
+  the position encodings of Eq. 8-10: ``modules/memory.MemoryWrite``), one memory
   for all decoder layers or one per layer (``--memory-per-layer``, a separate
   W_alpha each), and returns only that memory: never the |S| x d states;
 * every decoder layer's encoder-attention is replaced by a *read* of the
   memory: ``--memory-read attention`` (fairseq's multi-head attention over the
-  K rows) or ``--memory-read mix`` (the paper's Eq. 6-7, per layer).
+  K rows) or ``--memory-read mix`` (the paper's Eq. 6-7, per layer); both in
+  ``modules/memory_reads.py``.
 
 Beam search. As in the LSTM model (``modules/beam_sharing.py``), ``encoder_out`` holds
 one row per source, shared by the ``group`` consecutive hypotheses of that
@@ -26,12 +27,10 @@ per layer and hypothesis, whatever |S| is.
 import contextlib
 import logging
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
-from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     DEFAULT_MAX_SOURCE_POSITIONS,
@@ -43,36 +42,23 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer import transformer_iwslt_de_en
-from fairseq.modules import FairseqDropout, MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from omegaconf import DictConfig, open_dict
 from torch import Tensor, nn
 
 from ..checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
 from ..hub import MemAttnHubModel
-from ..modules.attention import (
-    SCORE_FUNCTIONS,
-    AlignmentSwitch,
-    MemoryWrite,
-    _check_choice,
-    position_encoding_length,
-    score_function,
-)
+from ..modules.attention import AlignmentSwitch, position_encoding_length
 from ..modules.beam_sharing import select_rows
+from ..modules.memory import MemoryWrite
+from ..modules.memory_reads import READS, group_tensor
+from ..modules.numerics import check_choice
 from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 logger = logging.getLogger(__name__)
 
-READ_MODES = ("attention", "mix")
-
-
-def group_tensor(group: int) -> Tensor:
-    """``group`` as a 1-element tensor: encoder_out and the incremental state
-    hold tensors only (TorchScript). On the CPU, so that reading it back
-    never waits for an accelerator."""
-    return torch.full((1,), group, dtype=torch.long)
+READ_MODES = tuple(READS)
 
 
 class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
@@ -148,181 +134,6 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         return super().upgrade_state_dict_named(state_dict, name)
 
 
-class MemoryRead(FairseqIncrementalState, nn.Module):
-    """A decoder layer's read of the memory, in the place (and with the call
-    signature) of fairseq's encoder-attention. fairseq's decoder hands every
-    layer two tensors: ``key`` (= ``value``) are the memories B x M x K x d
-    (``encoder_out["memory"][0]``), of which this layer reads memory
-    ``memory_index``, and ``key_padding_mask`` is alpha B x M x S x K when
-    alignments are kept (``encoder_out["alpha"]``), else None: the memory has
-    no padding.
-
-    Subclasses say what is derived from the memory once per source
-    (``project_memory``) and how a batch of queries reads it (``read``).
-    Returned weights, with ``need_weights`` or ``need_head_weights`` and
-    alpha given, are over source positions: the read weights (over the K
-    rows) times alpha^T (Sec. 5), per head (H x N x T x S) with
-    ``need_head_weights``, as fairseq's decoder expects for its alignments;
-    otherwise None, and the O(K |S|) product is not computed.
-    """
-
-    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
-        """What the read needs from C (B x K x d), computed once per source."""
-        raise NotImplementedError
-
-    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
-        """(output B x T' x D, weights B x H x T' x K) for queries B x T' x D."""
-        raise NotImplementedError
-
-    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
-                key_padding_mask: Optional[Tensor] = None,
-                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
-                before_softmax: bool = False, need_head_weights: bool = False
-                ) -> Tuple[Tensor, Optional[Tensor]]:
-        assert key is not None, "a memory read needs the memory (encoder_out)"
-        memories, alpha = key, key_padding_mask
-        steps, hypotheses, dim = query.shape
-        rows = memories.size(0)
-        group = hypotheses // rows
-        cache = self.cached_memory(incremental_state, memories, query.dtype, group)
-        # The hypotheses sharing a row are read as extra query steps of that row.
-        x = query.transpose(0, 1).reshape(rows, group * steps, dim)
-        out, weights = self.read(x, cache)
-        out = out.reshape(hypotheses, steps, -1).transpose(0, 1)
-
-        if not (need_weights or need_head_weights) or alpha is None:
-            return out, None
-        alpha = alpha[:, self.memory_index]  # B x S x K
-        # Sec. 5: the alignment over source tokens is the read weights times alpha^T.
-        align = torch.matmul(weights.to(alpha.dtype), alpha.transpose(1, 2).unsqueeze(1))  # B x H x gT x S
-        heads = align.size(1)
-        align = align.reshape(rows, heads, group, steps, -1).transpose(0, 1)
-        align = align.reshape(heads, hypotheses, steps, -1)
-        return out, (align if need_head_weights else align.mean(dim=0))
-
-    def cached_memory(self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
-                      memories: Tensor, dtype: torch.dtype, group: int) -> Dict[str, Tensor]:
-        """project_memory of this layer's memory, once per source while decoding step by step."""
-        saved = self.get_incremental_state(incremental_state, "memory")
-        cache: Dict[str, Tensor] = {}
-        if saved is not None:
-            for name, tensor in saved.items():
-                if tensor is not None and name != "group":
-                    cache[name] = tensor
-            return cache
-        # The memory is written in float32 (attention.sum_of_products); a
-        # half-precision layer reads it in its own dtype.
-        cache = self.project_memory(memories[:, self.memory_index].to(dtype))
-        if incremental_state is not None:
-            stored: Dict[str, Optional[Tensor]] = {"group": group_tensor(group)}
-            for name, tensor in cache.items():
-                stored[name] = tensor
-            self.set_incremental_state(incremental_state, "memory", stored)
-        return cache
-
-    def _set_input_buffer(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                          buffer: Dict[str, Optional[Tensor]]):
-        # fairseq's decoder layer reaches its encoder-attention's cache by this
-        # name (its prev_attn_state argument)
-        return self.set_incremental_state(incremental_state, "memory", buffer)
-
-    @torch.jit.export
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                                  new_order: Tensor):
-        saved = self.get_incremental_state(incremental_state, "memory")
-        if saved is None:
-            return
-        names: List[str] = []
-        tensors: List[Tensor] = []
-        group = 1
-        for name, tensor in saved.items():
-            if tensor is not None:
-                if name == "group":
-                    group = int(tensor[0])
-                else:
-                    names.append(name)
-                    tensors.append(tensor)
-        tensors, group = select_rows(tensors, new_order, group)
-        reordered: Dict[str, Optional[Tensor]] = {"group": group_tensor(group)}
-        for name, tensor in zip(names, tensors):
-            reordered[name] = tensor
-        self.set_incremental_state(incremental_state, "memory", reordered)
-
-
-class MemoryAttentionRead(MemoryRead, MultiheadAttention):
-    """``--memory-read attention``: fairseq's multi-head encoder-attention
-    (its parameters, initialisation, dropout and quant-noise) over the K memory
-    rows instead of the |S| states. Keys and values (B x H x K x d/H) are
-    projected once per source; the memory has no padding, so no mask is needed."""
-
-    def __init__(self, embed_dim, num_heads, memory_dim, dropout, memory_index,
-                 q_noise=0.0, qn_block_size=8):
-        super().__init__(embed_dim, num_heads, kdim=memory_dim, vdim=memory_dim, dropout=dropout,
-                         encoder_decoder_attention=True, q_noise=q_noise,
-                         qn_block_size=qn_block_size)
-        self.memory_index = memory_index
-
-    def split_heads(self, x: Tensor) -> Tensor:
-        """B x L x D -> B x H x L x D/H"""
-        return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
-
-    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
-        return {"key": self.split_heads(self.k_proj(contexts)),
-                "value": self.split_heads(self.v_proj(contexts))}
-
-    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
-        q = self.split_heads(self.q_proj(query) * self.scaling)
-        scores = torch.matmul(q, cache["key"].transpose(2, 3))  # B x H x T' x K
-        weights = F.softmax(scores.float(), dim=-1).type_as(scores)
-        out = torch.matmul(self.dropout_module(weights), cache["value"])  # B x H x T' x D/H
-        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), self.embed_dim)
-        return self.out_proj(out), weights
-
-
-class MemoryMixRead(MemoryRead):
-    """``--memory-read mix``: the paper's decoder side (Eq. 6-7), per layer,
-    with the layer's input h to its encoder-attention as the decoder state:
-
-        beta = score(W_beta h) in R^K,   c = sum_k beta_k C_k,   output W_o c + b_o
-
-    How c enters the layer: in place of the encoder-attention's output, so it
-    goes through the layer's own dropout, residual connection and layer norm,
-    exactly where fairseq adds the attention context. Like the attention's
-    out_proj, W_o maps the memory (encoder size) into the decoder's residual
-    stream, which lets every layer use a shared memory in its own way and
-    allows different encoder and decoder sizes. Since W_o (beta C) = beta (C W_o^T),
-    C W_o^T is computed once per source and a step costs O(K D), not O(D^2).
-    No keys: beta depends on h alone, as in Eq. 7.
-
-    As the attention read: --attention-dropout drops entries of beta in
-    training (the returned weights are beta before dropout), and quant-noise
-    (--quant-noise-pq) wraps W_beta and W_o.
-    """
-
-    def __init__(self, embed_dim, memory_dim, num_contexts, decoder_score, memory_index,
-                 dropout=0.0, q_noise=0.0, qn_block_size=8):
-        super().__init__()
-        _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
-        self.decoder_score = decoder_score
-        self.memory_index = memory_index
-        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.W_beta = quant_noise(nn.Linear(embed_dim, num_contexts, bias=False), q_noise, qn_block_size)  # Eq. 7
-        self.out_proj = quant_noise(nn.Linear(memory_dim, embed_dim), q_noise, qn_block_size)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.out_proj.bias)
-
-    def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
-        # C W_o^T (B x K x D), through out_proj itself so that its quant-noise
-        # applies; its bias is added once per output in read.
-        return {"value": self.out_proj(contexts) - self.out_proj.bias}
-
-    def read(self, query: Tensor, cache: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
-        beta = score_function(self.decoder_score, self.W_beta(query), dim=-1)  # Eq. 7
-        out = torch.matmul(self.dropout_module(beta), cache["value"]) + self.out_proj.bias  # Eq. 6, projected
-        return out, beta.unsqueeze(1)
-
-
 class MemoryReadDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer with its encoder-attention replaced by a memory read.
 
@@ -338,13 +149,8 @@ class MemoryReadDecoderLayer(TransformerDecoderLayerBase):
         self.need_attn = False
 
     def build_encoder_attention(self, embed_dim, cfg):
-        if cfg.memory_read == "attention":
-            return MemoryAttentionRead(embed_dim, cfg.decoder.attention_heads, cfg.encoder.embed_dim,
-                                       cfg.attention_dropout, self.memory_index,
-                                       self.quant_noise, self.quant_noise_block_size)
-        return MemoryMixRead(embed_dim, cfg.encoder.embed_dim, cfg.memory_k,
-                             cfg.memory_decoder_score, self.memory_index, cfg.attention_dropout,
-                             self.quant_noise, self.quant_noise_block_size)
+        return READS[cfg.memory_read].from_config(cfg, embed_dim, self.memory_index, self.quant_noise,
+                                                  self.quant_noise_block_size)
 
     @torch.jit.unused
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
@@ -484,7 +290,7 @@ def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
 
 def check_memory_options(args):
     """Clear errors, naming the value, for options the model cannot honour."""
-    _check_choice("--memory-read", args.memory_read, READ_MODES)
+    check_choice("--memory-read", args.memory_read, READ_MODES)
     length = args.memory_position_max_len
     if length is not None and (not isinstance(length, int) or length < 1):
         raise ValueError(f"invalid --memory-position-max-len: {length!r} (must be an integer >= 1)")
@@ -501,7 +307,7 @@ def base_architecture(args):
     """fairseq's ``transformer`` (transformer base) with a K = 64 memory, written
     with the softmax over time (each C_k a weighted average of the states),
     without the position encodings of Eq. 9-10, and, for the attention read, with
-    the position window (``attention.window_scores``).
+    the position window (``memory.window_scores``).
 
     Why these differ from the paper's LSTM setting: Eq. 9 scales the write's
     logits by l_s, about 1/|x|, so the memory starts near the mean of the

@@ -14,7 +14,7 @@ Every variant is an ``nn.Module`` with two methods:
   c_i (B x T x context_dim, or None for no attention) and, when it can be had,
   the alignment over source positions (B x T x S), which fairseq prints with
   ``--print-alignment``; both in float32 for float16/bfloat16 inputs (a
-  float16 context can overflow: see MemoryAttention), otherwise in the
+  float16 context can overflow: see ``modules/memory.py``), otherwise in the
   inputs' dtype. Query steps are looked up independently of each
   other, so the decoder can pass the beam hypotheses that share a source's
   memory row as extra steps of one query (see ``MemAttnDecoder.lookup``).
@@ -33,6 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .memory import MemoryMix, MemoryWrite, source_alignment
+from .numerics import check_choice, masked_fill_min, sum_of_products, widen
+
 Memory = Dict[str, Tensor]
 
 ATTENTION_TYPES = (
@@ -45,54 +48,6 @@ ATTENTION_TYPES = (
     "linear",
     "gated_linear",
 )
-SCORE_FUNCTIONS = ("softmax", "sigmoid")
-# Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
-# the paper); some implementations normalise each context over time instead.
-ENCODER_NORMALIZATIONS = ("contexts", "time")
-
-
-def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:
-    """Fill masked scores with the dtype's most negative finite value.
-
-    Unlike -inf this keeps a fully masked row finite under softmax (it becomes
-    uniform instead of NaN), and it is representable in float16 and bfloat16.
-    """
-    # nan_to_num turns -inf into the dtype's most negative finite value, as
-    # torch.finfo(dtype).min, which TorchScript does not have.
-    lowest = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device).nan_to_num()
-    return scores.masked_fill(mask, lowest)
-
-
-def widen(x: Tensor) -> Tensor:
-    """float16 and bfloat16 to float32; float32 and float64 unchanged (a no-op)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def sum_of_products(a: Tensor, b: Tensor) -> Tensor:
-    """``torch.bmm(a, b)`` accumulated and returned in float32 (or wider).
-
-    The sums of the attention (Eq. 1, 4, 6 and the linear covariance) are
-    reductions over up to |S| terms: in float16 a saturated Eq. 4-6 overflows
-    (see MemoryAttention), and in bfloat16 each rounding costs 3 digits. So they
-    run in float32 for a half-precision model (--fp16, --bf16) and under
-    autocast (--amp), which would otherwise cast bmm back to half; float32 and
-    float64 inputs go through unchanged, with identical results.
-    """
-    if torch.jit.is_scripting():
-        # TorchScript takes only constant devices here (and ignores autocast)
-        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-            return torch.bmm(widen(a), widen(b))
-    with torch.autocast(a.device.type, enabled=False):
-        return torch.bmm(widen(a), widen(b))
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(
-            f"invalid {name}: {value!r} (choose from {', '.join(map(str, choices))})"
-        )
-
-
 class AlignmentSwitch:
     """For an ``nn.Module`` that keeps what alignments need (alpha of Eq. 4-5):
     whether to keep it, shared by the LSTM's attention and the Transformer's
@@ -254,139 +209,11 @@ class DotAttention(ContentAttention):
         return torch.bmm(query, keys.transpose(1, 2)) * self.scale
 
 
-def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] = None) -> Tensor:
-    """The paper's "scoring function": softmax (normalised) or sigmoid (gates).
-
-    ``mask`` (True = padding) zeroes entries that must not count; softmax is
-    taken over the unmasked entries of ``dim`` only.
-    """
-    if name == "softmax":
-        if mask is not None:
-            scores = masked_fill_min(scores, mask)
-        probs = F.softmax(scores.float(), dim=dim).type_as(scores)
-    else:
-        probs = torch.sigmoid(scores)
-    if mask is not None:
-        probs = probs.masked_fill(mask, 0.0)
-    return probs
-
-
-def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) -> Tensor:
-    """Eq. 10 with the masking and renormalisation of Sec. 3.2.
-
-    L_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), k = 1..K the context index and
-    s = 1..|x| the position of a token within its own sentence (so left padding
-    does not shift it), S = ``max_len``. Entries beyond each sentence's length
-    are masked and every context's row is renormalised to sum to 1 over time.
-    Returns l: B x S_batch x K.
-    """
-    lengths = (~padding_mask).sum(dim=1)
-    too_long = lengths > max_len
-    if too_long.any():
-        raise ValueError(
-            f"source length {int(lengths.max())} exceeds the position-encoding maximum "
-            f"S = {max_len} (--memory-position-max-len); use a larger value or shorter sources"
-        )
-    s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
-    k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
-    L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
-    L = L.masked_fill(padding_mask.unsqueeze(-1), 0.0)
-    return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
-
-
-def window_scores(padding_mask: Tensor, log_width: Tensor) -> Tensor:
-    """The soft position windows of ``--memory-position-window``: B x S x K.
-
-    Token s (1-based, within its own sentence, so left padding does not shift
-    it) of a sentence of |x| tokens sits at r_s = (s - 1/2) / |x|; context k at
-    c_k = (k - 1/2) / K. The score -(r_s - c_k)^2 / (2 w_k^2), with w_k =
-    exp(log_width[k]) learned, is added to the write's scores, so C_1 starts on
-    the beginning of the sentence, C_K on its end and each C_k between them on
-    its own stretch of about |x|/K tokens: the paper's hope for its position
-    encodings (Sec. 5: "C_1 roughly focuses on tokens 1 to 4, C_2 on tokens 5
-    to 8"), made the starting point instead of something to learn."""
-    lengths = (~padding_mask).sum(dim=1, keepdim=True).clamp_min(1)
-    r = ((~padding_mask).cumsum(dim=1) - 0.5) / lengths  # B x S
-    K = log_width.numel()
-    c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K
-    width = widen(log_width).exp()
-    return -0.5 * ((r.unsqueeze(-1) - c) / width) ** 2
-
-
-class MemoryWrite(nn.Module):
-    """The encoder side of Sec. 3, on its own: the write of Eq. 4-5 (with the
-    position encodings of Eq. 8-10), shared by the LSTM's memory attention and
-    the Transformer's memory (``models/transformer_memattn.py``).
-
-        alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
-
-    Padding positions get alpha = 0, so they never contribute to C. alpha and
-    C are computed in float32 for a half-precision model or under autocast
-    (see :class:`MemoryAttention` for why).
-
-    ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
-    K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
-    each context ("time"). It does not matter for sigmoid scores.
-
-    ``position_window`` adds :func:`window_scores` to the scores (after Eq. 9's
-    product, if both are on): a learned soft window per context over the
-    relative source position, each w_k starting at 1/K.
-    """
-
-    def __init__(
-        self,
-        encoder_dim: int,
-        num_contexts: int,
-        encoder_score: str = "softmax",
-        encoder_normalize: str = "contexts",
-        position_encoding_max_len: Optional[int] = None,
-        position_window: bool = False,
-    ):
-        super().__init__()
-        if not isinstance(num_contexts, int) or num_contexts < 1:
-            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
-        _check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
-        _check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
-        self.num_contexts = num_contexts
-        self.encoder_score = encoder_score
-        self.encoder_normalize = encoder_normalize
-        self.position_encoding_max_len = position_encoding_max_len
-        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
-        self.window_log_width = (nn.Parameter(torch.full((num_contexts,), -math.log(num_contexts)))
-                                 if position_window else None)
-
-    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
-        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
-        scores = widen(self.W_alpha(states))
-        if self.position_encoding_max_len is not None:
-            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
-            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
-        if self.window_log_width is not None:
-            scores = scores + window_scores(padding_mask, self.window_log_width).type_as(scores)
-        dim = -1 if self.encoder_normalize == "contexts" else 1
-        return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
-
-    def write(self, states: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """(C: B x K x E, alpha: B x S x K) from states B x S x E."""
-        alpha = self.encoder_scores(states, padding_mask)
-        return sum_of_products(alpha.transpose(1, 2), states), alpha  # Eq. 4: C = alpha^T s
-
-
-class MemoryAttention(MemoryWrite, Attention):
-    """The fixed-size memory attention of Sec. 3.
-
-    Encoder side, once per source: the write of :class:`MemoryWrite` (Eq. 4-5).
-    Decoder side, per step (Eq. 6-7):
-        beta = score(W_beta h) in R^K,                 c = sum_k beta_k C_k
-    The memory is C (B x K x E); a decoder step costs O(KE) whatever |S| is.
-
-    With sigmoid scores neither sum is normalised: |c| <= K |S| max|s_t|, and
-    in training dropout scales the LSTM's outputs (|h| <= 1) by 1/(1-p), so
-    at K = 32, |S| = 2000, p = 0.2 the bound is 80,000, beyond float16's
-    65,504. Hence alpha, beta, C and c are computed in float32 for a
-    half-precision model or under autocast (C is small: K x E per source),
-    and c is returned in float32; the function itself is Eq. 4-7 unscaled.
-    """
+class MemoryAttention(Attention):
+    """The fixed-size memory attention of Sec. 3 for the LSTM: a writer
+    (:class:`memory.MemoryWrite`, Eq. 4-5) builds the memory C (B x K x E) once
+    per source, and a read (:class:`memory.MemoryMix`, Eq. 6-7) mixes its rows
+    at every decoder step, c = beta C, returned in float32 (see ``modules/memory.py``)."""
 
     def __init__(
         self,
@@ -399,30 +226,32 @@ class MemoryAttention(MemoryWrite, Attention):
         position_encoding_max_len: Optional[int] = None,
         position_window: bool = False,
     ):
-        super().__init__(encoder_dim, num_contexts, encoder_score, encoder_normalize,
-                         position_encoding_max_len, position_window)
-        _check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
+        super().__init__()
+        self.writer = MemoryWrite(encoder_dim, num_contexts, encoder_score, encoder_normalize,
+                                  position_encoding_max_len, position_window)
+        self.read = MemoryMix(decoder_dim, num_contexts, decoder_score)
         self.context_dim = encoder_dim
-        self.decoder_score = decoder_score
-        self.W_beta = nn.Linear(decoder_dim, num_contexts, bias=False)  # Eq. 7
 
     def build_memory(self, states, padding_mask):
-        contexts, alpha = self.write(states, padding_mask)
+        contexts, alpha = self.writer.write(states, padding_mask)
         memory = {"contexts": contexts}
         if self.keep_alignment:
             memory["alpha"] = alpha
         return memory
 
-    def decoder_scores(self, query: Tensor) -> Tensor:
-        """beta: B x T x K (Eq. 7), in float32 or wider."""
-        return score_function(self.decoder_score, widen(self.W_beta(query)), dim=-1)
-
     def lookup(self, memory, query):
-        beta = self.decoder_scores(query)  # Eq. 7
-        context = sum_of_products(beta, memory["contexts"])  # Eq. 6
-        # Sec. 5: the alignment over source tokens is beta times alpha-transposed.
-        weights = sum_of_products(beta, memory["alpha"].transpose(1, 2)) if "alpha" in memory else None
+        beta = self.read.read_weights(query)  # Eq. 7
+        context = self.read.mix(beta, memory["contexts"])  # Eq. 6
+        weights = source_alignment(beta, memory["alpha"]) if "alpha" in memory else None
         return context, weights
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Renames the parameters of checkpoints saved before the writer and the read were
+        modules of their own (fairseq calls this on every submodule before loading)."""
+        for old, new in (("W_alpha.weight", "writer.W_alpha.weight"),
+                         ("window_log_width", "writer.window_log_width"), ("W_beta.weight", "read.W_beta.weight")):
+            if f"{name}.{old}" in state_dict:
+                state_dict[f"{name}.{new}"] = state_dict.pop(f"{name}.{old}")
 
 
 class LinearAttention(Attention):
@@ -481,7 +310,7 @@ def position_encoding_length(args) -> Optional[int]:
 def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
     """Build the attention chosen by ``--attention-type`` and its options."""
     kind = args.attention_type
-    _check_choice("--attention-type", kind, ATTENTION_TYPES)
+    check_choice("--attention-type", kind, ATTENTION_TYPES)
     if kind == "none":
         return NoAttention()
     if kind == "additive":

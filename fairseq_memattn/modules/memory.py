@@ -1,0 +1,225 @@
+"""The fixed-size memory of Sec. 3, each equation written once, in torch and beside it in ONNX.
+
+Britz, Guan & Luong, "Efficient Attention using a Fixed-Size Memory Representation" (EMNLP 2017):
+
+* the write (:class:`MemoryWrite`), once per source: Eq. 4-5, with the position encodings of
+  Eq. 8-10 and the position window;
+* the mix (:class:`MemoryMix`), per decoder step: Eq. 6-7;
+* the alignment over source tokens (:func:`source_alignment`): Sec. 5.
+
+Each module's ``onnx_*`` method builds the same computation into an ONNX graph
+(``export/graph.Graph``) from the module's own weights, so the export follows any change here.
+alpha, beta, C and c are computed in float32 for a half-precision model or under autocast:
+with sigmoid scores neither sum is normalised, |c| <= K |S| max|s_t|, which at K = 32,
+|S| = 2000 and dropout 0.2 on LSTM outputs (|h| <= 1) is 80,000, beyond float16's 65,504.
+"""
+
+import math
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .numerics import check_choice, masked_fill_min, sum_of_products, widen
+
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+# Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
+# the paper); some implementations normalise each context over time instead.
+ENCODER_NORMALIZATIONS = ("contexts", "time")
+
+
+def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] = None) -> Tensor:
+    """The paper's "scoring function": softmax (normalised) or sigmoid (gates).
+
+    ``mask`` (True = padding) zeroes entries that must not count; softmax is
+    taken over the unmasked entries of ``dim`` only.
+    """
+    if name == "softmax":
+        if mask is not None:
+            scores = masked_fill_min(scores, mask)
+        probs = F.softmax(scores.float(), dim=dim).type_as(scores)
+    else:
+        probs = torch.sigmoid(scores)
+    if mask is not None:
+        probs = probs.masked_fill(mask, 0.0)
+    return probs
+
+
+def onnx_score_function(g, name: str, scores: str, axis: int) -> str:
+    return g.op("Softmax", scores, axis=axis) if name == "softmax" else g.op("Sigmoid", scores)
+
+
+def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) -> Tensor:
+    """Eq. 10 with the masking and renormalisation of Sec. 3.2.
+
+    L_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), k = 1..K the context index and
+    s = 1..|x| the position of a token within its own sentence (so left padding
+    does not shift it), S = ``max_len``. Entries beyond each sentence's length
+    are masked and every context's row is renormalised to sum to 1 over time.
+    Returns l: B x S_batch x K.
+    """
+    lengths = (~padding_mask).sum(dim=1)
+    too_long = lengths > max_len
+    if too_long.any():
+        raise ValueError(
+            f"source length {int(lengths.max())} exceeds the position-encoding maximum "
+            f"S = {max_len} (--memory-position-max-len); use a larger value or shorter sources"
+        )
+    s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
+    k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
+    L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
+    L = L.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+    return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def window_scores(padding_mask: Tensor, log_width: Tensor) -> Tensor:
+    """The soft position windows of ``--memory-position-window``: B x S x K.
+
+    Token s (1-based, within its own sentence, so left padding does not shift
+    it) of a sentence of |x| tokens sits at r_s = (s - 1/2) / |x|; context k at
+    c_k = (k - 1/2) / K. The score -(r_s - c_k)^2 / (2 w_k^2), with w_k =
+    exp(log_width[k]) learned, is added to the write's scores, so C_1 starts on
+    the beginning of the sentence, C_K on its end and each C_k between them on
+    its own stretch of about |x|/K tokens: the paper's hope for its position
+    encodings (Sec. 5: "C_1 roughly focuses on tokens 1 to 4, C_2 on tokens 5
+    to 8"), made the starting point instead of something to learn."""
+    lengths = (~padding_mask).sum(dim=1, keepdim=True).clamp_min(1)
+    r = ((~padding_mask).cumsum(dim=1) - 0.5) / lengths  # B x S
+    K = log_width.numel()
+    c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K
+    width = widen(log_width).exp()
+    return -0.5 * ((r.unsqueeze(-1) - c) / width) ** 2
+
+
+class MemoryWrite(nn.Module):
+    """The write of Eq. 4-5, once per source:
+
+        alpha_t = score(W_alpha s_t [o l_t]) in R^K,   C_k = sum_t alpha_tk s_t
+
+    Padding positions get alpha = 0, so they never contribute to C.
+
+    ``encoder_normalize`` chooses the axis of an encoder-side softmax: over the
+    K contexts at each step as Eq. 5 writes it ("contexts"), or over time for
+    each context ("time"). It does not matter for sigmoid scores.
+
+    ``position_window`` adds :func:`window_scores` to the scores (after Eq. 9's
+    product, if both are on): a learned soft window per context over the
+    relative source position, each w_k starting at 1/K.
+    """
+
+    def __init__(
+        self,
+        encoder_dim: int,
+        num_contexts: int,
+        encoder_score: str = "softmax",
+        encoder_normalize: str = "contexts",
+        position_encoding_max_len: Optional[int] = None,
+        position_window: bool = False,
+    ):
+        super().__init__()
+        if not isinstance(num_contexts, int) or num_contexts < 1:
+            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
+        check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
+        check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
+        self.num_contexts = num_contexts
+        self.encoder_score = encoder_score
+        self.encoder_normalize = encoder_normalize
+        self.position_encoding_max_len = position_encoding_max_len
+        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
+        self.window_log_width = (nn.Parameter(torch.full((num_contexts,), -math.log(num_contexts)))
+                                 if position_window else None)
+
+    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
+        """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
+        scores = widen(self.W_alpha(states))
+        if self.position_encoding_max_len is not None:
+            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
+            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
+        if self.window_log_width is not None:
+            scores = scores + window_scores(padding_mask, self.window_log_width).type_as(scores)
+        dim = -1 if self.encoder_normalize == "contexts" else 1
+        return score_function(self.encoder_score, scores, dim, padding_mask.unsqueeze(-1))
+
+    def write(self, states: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """(C: B x K x E, alpha: B x S x K) from states B x S x E (padding_mask: True at padding)."""
+        alpha = self.encoder_scores(states, padding_mask)
+        return sum_of_products(alpha.transpose(1, 2), states), alpha  # Eq. 4: C = alpha^T s
+
+    def onnx_write(self, g, states: str, padding: str, tokens_mask_f: str, positions: str,
+                   lengths: str) -> Tuple[str, str]:
+        """:meth:`write` in ONNX: (C, alpha) from states B x S x E, padding (bool B x S),
+        tokens_mask_f (1.0 at tokens), positions (float, 1-based within each sentence) and
+        the sentence lengths (float B x 1)."""
+        K = self.num_contexts
+        scores = g.linear(states, self.W_alpha)  # B x S x K
+        s = g.op("Unsqueeze", positions, g.const([-1], np.int64))
+        if self.position_encoding_max_len is not None:  # Eq. 10, masked and renormalised (Sec. 3.2)
+            frac = g.op("Div", s, g.const(float(self.position_encoding_max_len)))
+            k = np.arange(1, K + 1, dtype=np.float32) / K
+            L = g.op("Add", g.op("Mul", g.op("Sub", g.const(1.0), frac), g.const(1 - k)),
+                     g.op("Mul", frac, g.const(k)))
+            L = g.op("Mul", L, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
+            total = g.op("Max", g.op("ReduceSum", L, g.const([1], np.int64), keepdims=1), g.const(1e-12))
+            scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
+        if self.window_log_width is not None:  # window_scores
+            r = g.op("Div", g.op("Sub", s, g.const(0.5)),
+                     g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)), g.const([-1], np.int64)))
+            c = (np.arange(K, dtype=np.float32) + 0.5) / K
+            z = g.op("Div", g.op("Sub", r, g.const(c)), g.weight(self.window_log_width.detach().exp(), "width"))
+            scores = g.op("Add", scores, g.op("Mul", g.op("Mul", z, z), g.const(-0.5)))
+        mask = g.op("Unsqueeze", padding, g.const([-1], np.int64))  # B x S x 1
+        if self.encoder_score == "softmax":
+            scores = g.masked_fill(scores, mask, float(np.finfo(np.float32).min))
+        alpha = onnx_score_function(g, self.encoder_score, scores,
+                                    axis=-1 if self.encoder_normalize == "contexts" else 1)
+        alpha = g.masked_fill(alpha, mask, 0.0)
+        contexts = g.op("MatMul", g.op("Transpose", alpha, perm=[0, 2, 1]), states)  # Eq. 4
+        return contexts, alpha
+
+
+class MemoryMix(nn.Module):
+    """The decoder side of Sec. 3, per step (Eq. 6-7):
+
+        beta = score(W_beta h) in R^K,   c = sum_k beta_k C_k
+
+    A step costs O(K E) whatever |S| is. Queries (B x T x H) are mixed independently, so the
+    hypotheses of one source can be passed as extra steps of its one memory row.
+    """
+
+    def __init__(self, query_dim: int, num_contexts: int, decoder_score: str = "softmax"):
+        super().__init__()
+        check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
+        self.decoder_score = decoder_score
+        self.W_beta = nn.Linear(query_dim, num_contexts, bias=False)  # Eq. 7
+
+    def read_weights(self, query: Tensor) -> Tensor:
+        """beta: B x T x K (Eq. 7), in float32 or wider."""
+        return score_function(self.decoder_score, widen(self.W_beta(query)), dim=-1)
+
+    def mix(self, beta: Tensor, contexts: Tensor) -> Tensor:
+        """c = beta C (Eq. 6): B x T x E in float32 or wider, for contexts B x K x E."""
+        return sum_of_products(beta, contexts)
+
+    def onnx_mix(self, g, query: str, contexts: str) -> Tuple[str, str]:
+        """Eq. 7 then Eq. 6 in ONNX for N = rows x group hypotheses (query N x H, the
+        hypotheses of a source consecutive; contexts rows x K x E): (c: N x E, beta: rows x
+        group x K)."""
+        K = self.W_beta.weight.shape[0]
+        beta = onnx_score_function(g, self.decoder_score, g.linear(query, self.W_beta), axis=-1)  # Eq. 7
+        rows = g.op("Slice", g.op("Shape", contexts), g.const([0], np.int64), g.const([1], np.int64))
+        beta = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))
+        mixed = g.op("MatMul", beta, contexts)  # Eq. 6
+        width = g.op("Slice", g.op("Shape", contexts), g.const([2], np.int64), g.const([3], np.int64))
+        return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
+
+
+def source_alignment(read_weights: Tensor, alpha: Tensor) -> Tensor:
+    """Sec. 5: "we multiply the attention scores alpha and beta" — the alignment of each
+    query over the source tokens is its read weights times alpha^T. read_weights B x T x K
+    (or B x H x T x K, per head), alpha B x S x K -> B x T x S (B x H x T x S), float32."""
+    alpha_t = alpha.transpose(1, 2)
+    if read_weights.dim() == 4:
+        alpha_t = alpha_t.unsqueeze(1)
+    return sum_of_products(read_weights, alpha_t)
