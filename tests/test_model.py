@@ -167,3 +167,17 @@ def test_sequence_generator_with_alignment_refuses_no_attention(dictionary):
     with pytest.raises(ValueError, match="needs an attention to align with, but this model was "
                                          "trained with --attention-type none"):
         generate_with_alignment(model, dictionary, tokens, lengths)
+
+
+def test_checkpoint_with_the_memory_parameters_named_as_before_loads(dictionary):
+    """Checkpoints written before the memory attention held its writer and read as modules of
+    their own name W_alpha, window_log_width and W_beta on the attention itself."""
+    options = dict(attention_type="memory", memory_position_window=True)
+    saved = build_model(dictionary, seed=1, **options).state_dict()
+    old_names = {name.replace("attention.writer.", "attention.").replace("attention.read.", "attention."): tensor
+                 for name, tensor in saved.items()}
+    assert "encoder.attention.W_alpha.weight" in old_names and "decoder.attention.W_beta.weight" in old_names
+    model = build_model(dictionary, seed=2, **options)
+    model.load_state_dict(old_names)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
