@@ -28,7 +28,7 @@ class RecordedTrainer(Trainer):
 def main():
     dump, argv = sys.argv[1], sys.argv[2:]
     if argv[:1] == ["--torchrun"]:
-        from fairseq_memattn.torchrun_cpu import fairseq_distributed_args
+        from recipes.wmt17.torchrun_cpu import fairseq_distributed_args
 
         argv = argv[1:] + fairseq_distributed_args(os.environ, torch.cuda.is_available())
     fairseq_cli.train.Trainer = RecordedTrainer

@@ -2,13 +2,8 @@
 models' BLEU against its own, and no evaluation of a run that is still training."""
 
 import json
-import os
-import sys
 
-from conftest import REPO
-
-sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
-import compare  # noqa: E402
+from recipes.bible import compare
 
 
 def train_log(losses, finished=True):

@@ -2,24 +2,22 @@
 models side by side, decoding best and averaged checkpoints, the archive) and the report that scores
 it here. After this passes, the GPU run can only fail because of the GPU."""
 
-import os
 import subprocess
 import sys
 import tarfile
 
 import pytest
-from conftest import REPO, clean_env
+from conftest import clean_env
 
-sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
-import converge  # noqa: E402
+from recipes.bible import converge
 
-SCRIPT = os.path.join(REPO, "recipes", "bible", "converge.py")
+SCRIPT = ["-m", "recipes.bible.converge"]
 # The recipe's models at toy width and depth (options both fairseq-train architectures take).
 TOY_SIZES = "--encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-layers 1 --decoder-layers 1"
 
 
 def driver(*args, timeout=600):
-    return subprocess.run([sys.executable, SCRIPT, *args], env=clean_env(OMP_NUM_THREADS="1"),
+    return subprocess.run([sys.executable, *SCRIPT, *args], env=clean_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -91,7 +89,7 @@ def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
 
 
 def test_decoding_time_and_output_tokens_from_fairseq_generates_log():
-    from fairseq_memattn.wmt17_run import decoding_stats
+    from recipes.wmt17.run import decoding_stats
 
     log = ("2026-11-27 05:00:00 | INFO | fairseq_cli.generate | Translated 1,151 sentences (41,207 tokens) "
            "in 3.2s (359.69 sentences/s, 12877.19 tokens/s)\n")

@@ -16,10 +16,9 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, clean_env
+from conftest import clean_env
 
-sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
-import sweep  # noqa: E402
+from recipes.copy import sweep
 
 
 def start(at=0):
@@ -186,7 +185,7 @@ def test_run_order_puts_longest_length_and_scorings_first():
 @pytest.mark.slow
 def test_bad_arguments_are_named():
     for args, message in [(["--lengths", "0"], "--lengths: [0]"), (["--seeds", "2", "3"], "--seeds: [2, 3]")]:
-        result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), *args],
+        result = subprocess.run([sys.executable, "-m", "recipes.copy.sweep", *args],
                                 capture_output=True, text=True, env=clean_env())
         assert result.returncode == 2 and message in result.stderr
 
@@ -197,7 +196,7 @@ SELECTED = [tuple(c.split("/")) for c in CHOICES]
 
 def start_sweep(out):
     env = clean_env(OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    return subprocess.Popen([sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny",
+    return subprocess.Popen([sys.executable, "-m", "recipes.copy.sweep", "--preset", "tiny",
                              "--models", "K=1", "--scorings", *CHOICES, "--seeds", "1", "--out", str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -323,7 +322,7 @@ def test_tiny_sweep_with_two_jobs(tmp_path):
     Started as the venv's python with no venv on PATH: the driver finds fairseq's commands itself."""
     env = clean_env(OMP_NUM_THREADS="1", PATH="/usr/bin:/bin")
     out = finish(subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--models", "K=1",
+        [sys.executable, "-m", "recipes.copy.sweep", "--preset", "tiny", "--models", "K=1",
          "--scorings", *CHOICES, "--seeds", "1", "2", "--jobs", "2", "--out", str(tmp_path)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     runs = tmp_path / "runs"
@@ -356,7 +355,7 @@ def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path
     preset's sizes, trained and scored by the real driver, in the table without a paper figure."""
     env = clean_env(OMP_NUM_THREADS="1", PATH="/usr/bin:/bin")
     finish(subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--models",
+        [sys.executable, "-m", "recipes.copy.sweep", "--preset", "tiny", "--models",
          "fairseq lstm", "--seeds", "1", "--out", str(tmp_path)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     run = tmp_path / "runs" / sweep.run_name(6, "fairseq lstm", None, 1)
@@ -375,12 +374,12 @@ def test_fairseq_lstm_row_trains_fairseqs_own_lstm_at_the_presets_sizes(tmp_path
     # and the table names the sweep's command, not the rewriting call's.
     (tmp_path / "table.md").unlink()
     out = subprocess.run(
-        [sys.executable, os.path.join(REPO, "recipes", "copy", "sweep.py"), "--preset", "tiny", "--seeds", "1",
+        [sys.executable, "-m", "recipes.copy.sweep", "--preset", "tiny", "--seeds", "1",
          "--out", str(tmp_path), "--tables-only"], env=env, capture_output=True, text=True, check=True).stdout
     assert ": training" not in out and [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
     table = (tmp_path / "table.md").read_text()
     assert row in table and "--tables-only" not in table
-    assert f"Made by `python recipes/copy/sweep.py --preset tiny --seeds 1 --out {tmp_path}`" in table
+    assert f"Made by `python -m recipes.copy.sweep --preset tiny --seeds 1 --out {tmp_path}`" in table
     assert sweep.format_paper_bleu(100.0) == "100.00" and sweep.format_paper_bleu("") == ""
 
 
@@ -390,8 +389,7 @@ def test_transformer_quality_driver_calls_the_sweeps_runner(tmp_path, monkeypatc
     function's signature, the budget is the cap, and --memory-args reach the memory models only."""
     import inspect
 
-    sys.path.insert(0, os.path.join(REPO, "recipes", "copy"))
-    import transformer_quality
+    from recipes.copy import transformer_quality
 
     calls = {}
 

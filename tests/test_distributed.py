@@ -1,6 +1,6 @@
 """Our models train under fairseq's distributed engine on CPU: two processes
 (gloo, legacy_ddp), started by hand as fairseq's flags allow and by torchrun
-through fairseq_memattn.torchrun_cpu. After a few updates of lstm_memattn (and,
+through recipes.wmt17.torchrun_cpu. After a few updates of lstm_memattn (and,
 started by hand, of transformer_memattn) both ranks hold identical parameters,
 and the loss went down."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env
 
-from fairseq_memattn.torchrun_cpu import fairseq_distributed_args
+from recipes.wmt17.torchrun_cpu import fairseq_distributed_args
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "distributed_rank.py")
 # The first update's loss is the untrained model's, near chance (log2 of 14 symbols: 3.81 bits);
@@ -103,12 +103,12 @@ def test_two_processes_gloo_train_identically(tmp_path, train, min_loss_drop):
 
 @pytest.mark.slow
 def test_torchrun_on_cpu_through_our_launcher(tmp_path):
-    """torchrun -m fairseq_memattn.torchrun_cpu, the documented command; the
+    """torchrun -m recipes.wmt17.torchrun_cpu, the documented command; the
     rank script applies the same launcher to dump each rank's parameters."""
     torchrun = os.path.join(BIN, "torchrun")
     common = [torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     result = subprocess.run(
-        [*common, "--master_port", str(free_port()), "-m", "fairseq_memattn.torchrun_cpu",
+        [*common, "--master_port", str(free_port()), "-m", "recipes.wmt17.torchrun_cpu",
          *TRAIN, "--save-dir", str(tmp_path / "ckpt")],
         env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

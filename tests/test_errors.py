@@ -251,7 +251,7 @@ def test_python_m_tools_give_one_line_errors(checkpoint_dir, tmp_path):
         (["fairseq_memattn.plot", "--user-dir", PLUGIN_DIR, "--task", "translation", str(tmp_path / "data"),
           "--path", str(checkpoint_dir / "checkpoint_last.pt"), "--example-id", "0", "-o", "x.png"],
          f"python -m fairseq_memattn.plot: error: {tmp_path / 'data'}: No such file or directory"),
-        (["fairseq_memattn.wmt17_run", "evaluate", "en-de", "missing.pt"],
+        (["recipes.wmt17.run", "evaluate", "en-de", "missing.pt"],
          "wmt17: error: checkpoint missing.pt does not exist"),
     ]
     for args, expected in cases:

@@ -1,20 +1,19 @@
 """recipes/speed/overview_plot.py: the README's picture from benchmark.py's decode.csv."""
 
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, clean_env
+from conftest import clean_env
 
 pytestmark = pytest.mark.slow  # every test here starts a command line or trains (docs/testing.md)
 
-SCRIPT = os.path.join(REPO, "recipes", "speed", "overview_plot.py")
+SCRIPT = ["-m", "recipes.speed.overview_plot"]
 HEADER = "model,label,L,sources,beam,repeats,seconds,ms_per_step,bytes_per_hypothesis\n"
 
 
 def plot(*args, cwd):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=cwd, env=clean_env(MPLBACKEND="Agg"),
+    return subprocess.run([sys.executable, *SCRIPT, *args], cwd=cwd, env=clean_env(MPLBACKEND="Agg"),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -41,5 +40,5 @@ def test_empty_csv_is_a_one_line_error(tmp_path):
     result = plot("decode.csv", "overview.png", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(
-        "error: no rows in decode.csv (run recipes/speed/benchmark.py first)")
+        "error: no rows in decode.csv (run recipes.speed.benchmark first)")
     assert not (tmp_path / "overview.png").exists()

@@ -2,18 +2,17 @@
 bad options are refused by name. (The speed itself is measured by the benchmark, not here.)"""
 
 import csv
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, clean_env
+from conftest import clean_env
 
-BENCHMARK = os.path.join(REPO, "recipes", "speed", "benchmark.py")
+BENCHMARK = ["-m", "recipes.speed.benchmark"]
 
 
 def run_benchmark(*args):
-    return subprocess.run([sys.executable, BENCHMARK, *args], env=clean_env(), capture_output=True,
+    return subprocess.run([sys.executable, *BENCHMARK, *args], env=clean_env(), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -56,8 +55,7 @@ def test_bad_options_are_named(tmp_path):
 def test_transformer_decode_tiny(monkeypatch, capsys):
     """recipes/speed/transformer_decode.py on tiny models and lengths: every row of its tables is
     there, with positive numbers; the fixed-size memory's cache does not grow with |S|."""
-    sys.path.insert(0, os.path.dirname(BENCHMARK))
-    import transformer_decode as td
+    from recipes.speed import transformer_decode as td
 
     monkeypatch.setattr(td, "SIZES", [
         "--encoder-embed-dim", "16",

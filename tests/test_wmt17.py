@@ -19,7 +19,8 @@ import torch
 from conftest import BIN, PLUGIN_DIR, clean_env
 from wmt17_toy import SIZES, TINY_MODEL, recipe, write_corpus
 
-from fairseq_memattn import wmt17, wmt17_run
+from recipes.wmt17 import data as wmt17
+from recipes.wmt17 import run as wmt17_run
 
 MIN_BLEU = 15.0  # seeds 1-5 (1 thread), 1-4 (2): 28.40 / 33.05 / 47.82 (docs/testing.md)
 

@@ -2,17 +2,17 @@
 """Quality on real data at an equal CPU budget: memory attention against its peers on the
 offline en-fr Bible corpus (public-domain translations, split by book; recipes/bible/corpus.py).
 
-    python recipes/bible/corpus.py data/bible/raw                       # 29,518 / 1,151 / 433 verses
-    python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir data/bible/raw --out data/bible/en-fr \\
+    python -m recipes.bible.corpus data/bible/raw                       # 29,518 / 1,151 / 433 verses
+    python -m recipes.wmt17.run prepare en-fr --raw-dir data/bible/raw --out data/bible/en-fr \\
         --vocab-size 8000                                                   # joint sentencepiece BPE
-    OMP_NUM_THREADS=1 python recipes/bible/compare.py train transformer_memattn --data data/bible/en-fr
-    OMP_NUM_THREADS=1 python recipes/bible/compare.py train transformer --data data/bible/en-fr
-    python recipes/bible/compare.py report --data data/bible/en-fr           # evaluate, table, curves
+    OMP_NUM_THREADS=1 python -m recipes.bible.compare train transformer_memattn --data data/bible/en-fr
+    OMP_NUM_THREADS=1 python -m recipes.bible.compare train transformer --data data/bible/en-fr
+    python -m recipes.bible.compare report --data data/bible/en-fr           # evaluate, table, curves
 
 Each model trains for the same number of updates (--max-update, the budget; one thread each, the
 pair side by side so that both see the same machine) and keeps the checkpoint with the best
 validation loss; ``report`` decodes the test split (Romans) of every finished run with beam 5, removes the BPE and
-scores with sacreBLEU (``wmt17_run evaluate``), then writes OUT/table.md (a table per baseline) and
+scores with sacreBLEU (``recipes.wmt17.run evaluate``), then writes OUT/table.md (a table per baseline) and
 OUT/curves_BASELINE.png (its memory models' validation curves beside its own). Re-running
 ``train`` resumes from the run's checkpoint_last.pt; ``report`` skips finished evaluations.
 """
@@ -26,8 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-sys.path.insert(0, REPO)
-from fairseq_memattn.train_log import plot_curves, read_train_log  # noqa: E402
+from recipes.train_log import plot_curves, read_train_log
 
 # A small Transformer (3 + 3 layers of 256 units, 4 heads, FFN 1024), the same for both.
 SMALL_TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
@@ -54,7 +53,7 @@ MODELS = {
     "lstm_att": ["--arch", "lstm_memattn_wmt", "--attention-type", "additive",
                  "--no-memory-position-encoding", *SMALL_LSTM],
     # Table 2's best row: K = 64 with position encodings, encoder sigmoid / decoder softmax
-    # (wmt17_run.DEFAULT_SCORES, chosen on validation).
+    # (recipes.wmt17.run.DEFAULT_SCORES, chosen on validation).
     "lstm_memattn": ["--arch", "lstm_memattn_wmt", "--attention-type", "memory", "--memory-k", "64",
                      "--memory-position-encoding", "--memory-encoder-score", "sigmoid",
                      "--memory-decoder-score", "softmax", *SMALL_LSTM],
@@ -102,7 +101,7 @@ def report(args):
         # Only a finished run is evaluated: a score kept from a checkpoint still training would be stale.
         if not os.path.isfile(score_file) and log["stopped"] is not None and os.path.isfile(checkpoint):
             result = subprocess.run(
-                [sys.executable, "-m", "fairseq_memattn.wmt17_run", "evaluate", "en-fr", checkpoint,
+                [sys.executable, "-m", "recipes.wmt17.run", "evaluate", "en-fr", checkpoint,
                  "--data", args.data, "--gpus", "0", "--out", run, "--beam", "5"],
                 capture_output=True, text=True, cwd=REPO)
             with open(os.path.join(run, "evaluate.log"), "w", encoding="utf-8") as f:
@@ -126,13 +125,13 @@ def write_table(out, rows):
     """OUT/table.md: one table per baseline and its memory models (the same number of updates)."""
     by_model = {model: (log, score) for model, log, score in rows}
     lines = ["# Bible en-fr: memory attention against its baseline at an equal number of updates", "",
-             "Test split (Romans), beam 5, sacreBLEU on detokenised text (`wmt17_run evaluate`); the "
+             "Test split (Romans), beam 5, sacreBLEU on detokenised text (`recipes.wmt17.run evaluate`); the "
              "checkpoint with the best validation loss. Made by, one model at a time (the exact "
              "fairseq-train command heads each MODEL/train.log):", "", "```bash",
-             "python recipes/bible/corpus.py RAW",
-             "python -m fairseq_memattn.wmt17_run prepare en-fr --raw-dir RAW --out DATA --vocab-size 8000",
-             "OMP_NUM_THREADS=1 python recipes/bible/compare.py train MODEL --data DATA --max-update N",
-             "python recipes/bible/compare.py report --data DATA", "```"]
+             "python -m recipes.bible.corpus RAW",
+             "python -m recipes.wmt17.run prepare en-fr --raw-dir RAW --out DATA --vocab-size 8000",
+             "OMP_NUM_THREADS=1 python -m recipes.bible.compare train MODEL --data DATA --max-update N",
+             "python -m recipes.bible.compare report --data DATA", "```"]
     for baseline, memory_models in COMPARISONS.items():
         present = [m for m in (baseline, *memory_models) if m in by_model]
         if not present:
@@ -157,7 +156,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("train", "report"))
     p.add_argument("model", nargs="?", choices=sorted(MODELS))
-    p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
+    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
     p.add_argument("--out", default=os.path.join(REPO, "results", "bible"))
     p.add_argument("--checkpoints", default=os.path.join(REPO, "checkpoints", "bible"))
     p.add_argument("--max-update", type=int, default=2000, help="the budget, equal for every model")

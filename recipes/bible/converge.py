@@ -4,9 +4,9 @@
 data until validation loss stops improving, then decoded; one command that fits one 10-minute run on a
 GPU machine without network.
 
-    python recipes/bible/converge.py pack --data DATA          # here: .gpu/ = data-bin, references, wheels
+    python -m recipes.bible.converge pack --data DATA          # here: .gpu/ = data-bin, references, wheels
     bash recipes/bible/converge_gpu.sh --out "$OUT"            # there: installs .gpu/wheels, then `run`
-    python recipes/bible/converge.py report OUT/converged.tar.gz --data DATA   # here: results/bible/converged/
+    python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA   # here: results/bible/converged/
 
 ``run`` first trains every model for a few updates (a broken environment fails in a minute), then
 trains the four concurrently with --patience on validation loss and a wall-clock cap
@@ -33,7 +33,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import compare
+from recipes.bible import compare
 
 PAIRS = {"transformer": "transformer_memattn", "lstm_att": "lstm_memattn"}  # baseline: memory model
 MODELS = {
@@ -156,7 +156,7 @@ def epoch_checkpoints(folder):
 
 
 def evaluate(args, checkpoint, subset, out):
-    from fairseq_memattn import wmt17_run
+    from recipes.wmt17 import run as wmt17_run
 
     # wmt17_run's beam 10 and batches of 64 overridden; --fp16 on a GPU, --cpu otherwise.
     generate = ["--beam", "5", "--batch-size", "128", *shlex.split(args.generate_args)]
@@ -289,7 +289,7 @@ def score(hypotheses_path, references):
 
 def read_run(folder, references):
     """A model's folder of the archive: its training log and each checkpoint's scores."""
-    from fairseq_memattn.train_log import read_train_log
+    from recipes.train_log import read_train_log
 
     run = {"log": read_train_log(os.path.join(folder, "train.log")), "checkpoints": {}}
     for checkpoint in ("best", "average"):
@@ -325,7 +325,7 @@ def report(args):
             with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
                 shutil.copyfileobj(f, z)
             os.remove(path)
-    from fairseq_memattn.train_log import plot_curves
+    from recipes.train_log import plot_curves
 
     for baseline, memory in PAIRS.items():
         curves = {m: runs[m]["log"]["curve"] for m in (baseline, memory) if m in runs}
@@ -364,9 +364,9 @@ def write_table(args, runs):
              f"average of the last {AVERAGE_LAST} epochs' where that is better on validation for both "
              "models of the pair. ms / token: the test split decoded alone on the GPU (batches of 128, "
              "fairseq-generate's timer), per output token.", "", "```bash",
-             "python recipes/bible/converge.py pack --data DATA",
+             "python -m recipes.bible.converge pack --data DATA",
              "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
-             "python recipes/bible/converge.py report OUT/converged.tar.gz --data DATA", "```", "",
+             "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              "| model | stopped by | updates | epochs | best valid loss (update) | checkpoint | test BLEU "
              "| chrF | BLEU vs baseline | valid BLEU best / average | ms / token (GPU) |",
              "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |"]
@@ -408,7 +408,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
     default_bundle = os.path.join(compare.REPO, ".gpu")
     pk = sub.add_parser("pack", help="here: data and wheels into the bundle folder")
-    pk.add_argument("--data", required=True, help="wmt17_run prepare's output folder (data-bin, ref, spm.model)")
+    pk.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
     pk.add_argument("--bundle", default=default_bundle, help="default .gpu/ (ignored by git)")
     pk.add_argument("--no-wheels", action="store_true", help="the data only")
     r = sub.add_parser("run", help="there: smoke, train, decode, archive")

@@ -8,4 +8,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 out=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--out") + 1])' "$@")
 mkdir -p "$out"
-python3 recipes/bible/converge.py run "$@" 2>&1 | tee "$out/run.log"
+python3 -m recipes.bible.converge run "$@" 2>&1 | tee "$out/run.log"

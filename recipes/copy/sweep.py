@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Reproduce the paper's Table 1 and Figure 3 on the copy task.
 
-    python recipes/copy/sweep.py --preset cpu --out results/copy/converged     # L in {20, 50, 100}, CPU
-    python recipes/copy/sweep.py --preset paper --out results/copy/paper       # the paper's settings (GPU)
+    python -m recipes.copy.sweep --preset cpu --out results/copy/converged     # L in {20, 50, 100}, CPU
+    python -m recipes.copy.sweep --preset paper --out results/copy/paper       # the paper's settings (GPU)
 
 Every run is one call of recipes/copy/train_eval.sh (fairseq-train, fairseq-generate with beam 10
 and --min-len 0, scoring). As in the paper:
@@ -40,9 +40,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from fairseq_memattn.score import accuracy_by_length, read_generate_output  # noqa: E402
-from fairseq_memattn.train_log import plot_curves, read_train_log  # noqa: E402
+from fairseq_memattn.score import accuracy_by_length, read_generate_output
+from recipes.train_log import plot_curves, read_train_log
 
 # Paper Table 1: BLEU (decode time in seconds on a K40m) per length and model.
 PAPER = {
@@ -59,7 +58,7 @@ MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att", "fairseq lstm"]
 # "Att" is the paper's baseline, Bahdanau's additive attention; "fairseq lstm" is the peer our users
 # train instead: fairseq's own `lstm` (its attention, input feeding) at the same sizes. Not in the
 # paper; at the CPU preset additive attention learns the copy far more slowly than fairseq's
-# (results/copy/attention_check/).
+# (experiments/attention_check/).
 # (encoder score, decoder score). The first is trained first: it had the best validation loss of
 # the four at L = 20, K = 16 in the 3,000-update sweep (0.017, softmax/softmax 0.18).
 SCORINGS = [("sigmoid", "sigmoid"), ("sigmoid", "softmax"), ("softmax", "sigmoid"), ("softmax", "softmax")]
@@ -470,7 +469,7 @@ def main(argv=None):
     scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
     os.makedirs(args.out, exist_ok=True)
     # The tables name the sweep that trains them, not the call that only rewrote them.
-    command = shlex.join(["python", "recipes/copy/sweep.py",
+    command = shlex.join(["python", "-m", "recipes.copy.sweep",
                           *(a for a in (sys.argv[1:] if argv is None else argv) if a != "--tables-only")])
     train_args = preset["train"]
     cap = int(train_args[train_args.index("--max-update") + 1])

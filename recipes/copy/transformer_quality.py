@@ -2,7 +2,7 @@
 """Copy task, Transformers: `transformer_memattn` against fairseq's `transformer` of the same size
 at an equal budget.
 
-    OMP_NUM_THREADS=1 python recipes/copy/transformer_quality.py --out results/copy/transformer
+    OMP_NUM_THREADS=1 python -m recipes.copy.transformer_quality --out results/copy/transformer
 
 Every model: 2 + 2 layers of 128 units, 4 heads, FFN 512, no dropout, Adam (0.9, 0.98) at 1e-3 with
 1,000 warm-up updates (inverse square root), batches of 64, the same --updates for all (the budget),
@@ -18,9 +18,7 @@ import os
 import shlex
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from sweep import plot_curves, read_run, read_train_log, train_and_score  # noqa: E402
+from recipes.copy.sweep import plot_curves, read_run, read_train_log, train_and_score
 
 SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
          "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
@@ -84,7 +82,7 @@ def main(argv=None):
     bad = [n for n in args.lengths if n < 1]
     if bad:
         p.error(f"--lengths: {bad} (must be >= 1)")
-    command = shlex.join(["python", "recipes/copy/transformer_quality.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "recipes.copy.transformer_quality", *(sys.argv[1:] if argv is None else argv)])
     results = {}
     for length in args.lengths:
         for model in args.models:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Decoding and training speed of memory attention, its baselines and fairseq's own `lstm`.
 
-    OMP_NUM_THREADS=1 python recipes/speed/benchmark.py --out results/speed
+    OMP_NUM_THREADS=1 python -m recipes.speed.benchmark --out results/speed
 
 Decoding: fairseq's SequenceGenerator (beam 10, batches of 20 sources), as fairseq-generate runs
 it, on untrained models (2x256 bi-LSTM encoder, 2x256 decoder, 256-d embeddings, 20 symbols),
@@ -32,8 +32,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
-sys.path.insert(0, HERE)
-from report import read as read_csv, write_report  # noqa: E402
+from recipes.speed.report import read as read_csv, write_report
 
 # fairseq's `lstm` at the sizes of our models (its defaults are 512-d, unidirectional).
 FAIRSEQ_LSTM = ["--arch", "lstm", "--encoder-bidirectional", "--encoder-layers", "2",
@@ -243,7 +242,7 @@ def main(argv=None):
     decode_csv, train_csv = os.path.join(args.out, "decode.csv"), os.path.join(args.out, "train.csv")
     benchmark_decoding(args, decode_csv)
     benchmark_training(args, train_csv)
-    write_report(args.out, " ".join(["python", "recipes/speed/benchmark.py", *(argv or sys.argv[1:])]))
+    write_report(args.out, " ".join(["python", "-m", "recipes.speed.benchmark", *(argv or sys.argv[1:])]))
 
 
 if __name__ == "__main__":

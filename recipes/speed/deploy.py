@@ -3,7 +3,7 @@
 (float32, int8), against `transformer_memattn` in fairseq-generate and exported to ONNX Runtime
 (fairseq-memattn-export, fairseq_memattn.deploy.Translator; float32, int8). The full grid:
 
-    python recipes/speed/deploy.py --source-lens 50 200 800 2000 --target-len 50 --copy-lens 200 800 \\
+    python -m recipes.speed.deploy --source-lens 50 200 800 2000 --target-len 50 --copy-lens 200 800 \\
         --sources 20 --beam 5 --threads 1 2 --out results/speed/deploy.md
 
 Untrained models (seed 0) as fairseq-train builds them (recipes/speed/transformer_decode.build),
@@ -33,8 +33,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
 
 ENGINES = {  # name: (label, model)
     "fairseq": ("transformer, fairseq-generate", "transformer"),
@@ -77,7 +75,7 @@ def prepare(args):
     """Checkpoints, CTranslate2 models and ONNX exports in args.workdir (made when missing)."""
     import torch
     from fairseq import options, tasks
-    from transformer_decode import SIZES
+    from recipes.speed.transformer_decode import SIZES
 
     longest = max(max(s, t) for s, t in cells(args))
     models = {"transformer": ["--arch", "transformer"],
@@ -284,7 +282,7 @@ def main(argv=None):
             todo = [cell for cell in cells(args) if cell not in done]
             if todo:
                 rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows)
-    command = "python recipes/speed/deploy.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
               f"Models: 3 + 3 layers x 256 (4 heads, FFN 1024), untrained, 20 symbols; memattn K = {args.memory_k}.\n"
               + table(rows, args) + "\n\n## Exported against CTranslate2\n\n" + targets(rows, args) + "\n")

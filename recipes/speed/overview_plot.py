@@ -2,18 +2,15 @@
 """The README's picture: seconds to decode against source length, for memory attention and the
 attentions it replaces, from benchmark.py's decode.csv.
 
-    python recipes/speed/overview_plot.py results/speed/decode.csv results/speed/decode_time_overview.png
+    python -m recipes.speed.overview_plot results/speed/decode.csv results/speed/decode_time_overview.png
 
 decode_time.png (report.py) has every model, per decoder step; this one keeps five, so the
 fixed-size memory's flat line is visible at a glance.
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import grid, read  # noqa: E402
+from recipes.speed.report import grid, read
 
 # (model in decode.csv, legend, line style): memory attention, no attention, content attention.
 SHOWN = [
@@ -32,7 +29,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows = read(args.csv)
     if not rows:
-        parser.error(f"no rows in {args.csv} (run recipes/speed/benchmark.py first)")
+        parser.error(f"no rows in {args.csv} (run recipes.speed.benchmark first)")
     seconds, _, _ = grid(rows, lambda r: float(r["seconds"]))
     sources, beam = rows[0]["sources"], rows[0]["beam"]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tables and plot from benchmark.py's CSVs: `python recipes/speed/report.py OUT_DIR`.
+"""Tables and plot from benchmark.py's CSVs: `python -m recipes.speed.report OUT_DIR`.
 
 Writes OUT/speed.md (decode time, cached bytes, training throughput, the speed targets, the
 paper's Table 1 times) and OUT/decode_time.png (ms per decoder step vs source length).
@@ -151,5 +151,5 @@ def plot(per_step, models, labels, path):
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python recipes/speed/report.py OUT_DIR")
-    write_report(sys.argv[1], f"python recipes/speed/report.py {sys.argv[1]}")
+        sys.exit("usage: python -m recipes.speed.report OUT_DIR")
+    write_report(sys.argv[1], f"python -m recipes.speed.report {sys.argv[1]}")

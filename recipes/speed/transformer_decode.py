@@ -2,7 +2,7 @@
 """Decoding and training speed of transformer_memattn against fairseq's `transformer` of the same
 size. The full grid, as run for results/speed/transformer.md:
 
-    OMP_NUM_THREADS=1 python recipes/speed/transformer_decode.py --source-lens 50 200 800 2000 \\
+    OMP_NUM_THREADS=1 python -m recipes.speed.transformer_decode --source-lens 50 200 800 2000 \\
         --target-len 50 --copy-lens 50 200 800 --sources 20 --beam 5 --repeats 3 \\
         --max-cell-seconds 60 --train-len 800 --train-steps 2 --profile-missed --out OUT.md
 
@@ -42,8 +42,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
-sys.path.insert(0, HERE)
-from benchmark import copy_batches, decoder_for  # noqa: E402
+from recipes.speed.benchmark import copy_batches, decoder_for
 
 SIZES = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
          "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",

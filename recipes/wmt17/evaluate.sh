@@ -5,4 +5,4 @@
 #                                    [more fairseq-generate options]
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m fairseq_memattn.wmt17_run evaluate "$@"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m recipes.wmt17.run evaluate "$@"

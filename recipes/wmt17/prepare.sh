@@ -8,4 +8,4 @@
 # downloaded corpus.tc.{en,xx}.gz in data/wmt17/PAIR/download/. Re-running skips finished steps.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m fairseq_memattn.wmt17_run prepare "$@"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m recipes.wmt17.run prepare "$@"

@@ -8,4 +8,4 @@
 # The best checkpoint is chosen by validation BLEU (beam 10).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m fairseq_memattn.wmt17_run train "$@"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" -m recipes.wmt17.run train "$@"

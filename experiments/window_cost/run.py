@@ -3,22 +3,19 @@
 of the memory, once per source) with the window and without, the models of transformer_decode.py
 (3 + 3 layers of 256 units, K = 64, attention read, untrained), one batch of random sources.
 
-    OMP_NUM_THREADS=1 python recipes/speed/window_cost.py --source-len 2000 --sources 20 --repeats 4
+    OMP_NUM_THREADS=1 python -m experiments.window_cost.run --source-len 2000 --sources 20 --repeats 4
 
 The window adds one K x |S| term to the write's scores; the decoder never sees it (it reads the same
 K x d memory). The two models take turns, medians are reported.
 """
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transformer_decode import build  # noqa: E402
+from recipes.speed.transformer_decode import build
 
 
 def main(argv=None):

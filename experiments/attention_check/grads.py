@@ -1,5 +1,5 @@
 # The gradient norms of a copy-task checkpoint, per validation batch (by source length) and parameter:
-#   python results/copy/attention_check/grads.py CHECKPOINT
+#   python experiments/attention_check/grads.py CHECKPOINT
 import math, sys, torch
 from fairseq import checkpoint_utils, utils
 utils.import_user_module(type("A", (), {"user_dir": "fairseq_memattn"})())

@@ -1,6 +1,6 @@
 """fairseq-train under torchrun, also on CPU.
 
-    torchrun --nproc_per_node 2 -m fairseq_memattn.torchrun_cpu DATA --user-dir ... [fairseq-train options]
+    torchrun --nproc_per_node 2 -m recipes.wmt17.torchrun_cpu DATA --user-dir ... [fairseq-train options]
 
 Under torchrun, fairseq 0.12.3 takes its rank from the environment in
 ``_infer_torch_distributed_launch_init`` and picks the device as ``rank %
@@ -26,8 +26,8 @@ def fairseq_distributed_args(env: Mapping[str, str], cuda: bool) -> List[str]:
     """fairseq-train options for this process; they go after the user's, so they win."""
     missing = [name for name in TORCHRUN_VARIABLES if name not in env]
     if missing:
-        raise SystemExit(f"fairseq_memattn.torchrun_cpu: {', '.join(missing)} not set: run it under "
-                         "torchrun, e.g. torchrun --nproc_per_node 2 -m fairseq_memattn.torchrun_cpu "
+        raise SystemExit(f"recipes.wmt17.torchrun_cpu: {', '.join(missing)} not set: run it under "
+                         "torchrun, e.g. torchrun --nproc_per_node 2 -m recipes.wmt17.torchrun_cpu "
                          "DATA [fairseq-train options]")
     args = ["--distributed-world-size", env["WORLD_SIZE"], "--distributed-rank", env["RANK"],
             "--distributed-init-method", "env://", "--distributed-no-spawn",

@@ -1,7 +1,7 @@
 """WMT'17 data for the paper's Table 2 (Sec. 4.2): download, check, BPE, binarize.
 
 The data half of the WMT'17 recipe; its command line, with training and
-evaluation, is ``wmt17_run.py`` (``python -m fairseq_memattn.wmt17_run
+evaluation, is ``run.py`` (``python -m recipes.wmt17.run
 {prepare,train,evaluate}``, which ``recipes/wmt17/*.sh`` call). This module
 imports nothing from it.
 
@@ -255,5 +255,5 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
 
 
 if __name__ == "__main__":
-    raise SystemExit("wmt17.py is the data library; the command line is "
-                     "python -m fairseq_memattn.wmt17_run {prepare,train,evaluate} (or recipes/wmt17/*.sh)")
+    raise SystemExit("recipes/wmt17/data.py is the data library; the command line is "
+                     "python -m recipes.wmt17.run {prepare,train,evaluate} (or recipes/wmt17/*.sh)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Peak memory of additive attention's forward + backward pass, whole target at once vs in chunks.
 
-    OMP_NUM_THREADS=1 python recipes/speed/additive_memory.py --out results/speed/additive_memory.md
+    OMP_NUM_THREADS=1 python -m experiments.additive_memory.run --out experiments/additive_memory/additive_memory.md
 
 Without input feeding the decoder looks up all T target steps in one call, and Bahdanau's
 f_att = v^T tanh(W_q h_i + W_s s_j) then needs a B x T x S x A tensor (modules/attention.py,
@@ -26,8 +26,6 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 
 def resident_bytes():
@@ -67,7 +65,7 @@ def measure(batch, length, attention_dim, budget_mib, device):
 
 
 def run_child(batch, length, attention_dim, budget, device):
-    command = [sys.executable, __file__, "--child", json.dumps([batch, length, attention_dim, budget, device])]
+    command = [sys.executable, "-m", __spec__.name, "--child", json.dumps([batch, length, attention_dim, budget, device])]
     # glibc keeps freed blocks below its (growing) mmap threshold in the heap, so the resident
     # set would not fall when a tensor is freed; a fixed 128 KiB threshold unmaps every tensor.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
@@ -112,7 +110,7 @@ def main():
         with open(args.out, "w") as f:
             f.write("# Additive attention: peak memory of forward + backward\n\n")
             f.write(f"Device {args.device}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}. "
-                    "Command:\n\n    " + " ".join(["python", "recipes/speed/additive_memory.py", *sys.argv[1:]])
+                    "Command:\n\n    " + " ".join(["python", "-m", "experiments.additive_memory.run", *sys.argv[1:]])
                     + "\n\n" + header + "\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 

@@ -4,7 +4,7 @@ forward, as fairseq-train's validation, fairseq-validate and --eval-bleu run it)
 alignments (fairseq-generate --print-alignment: SequenceGeneratorWithAlignment on a model made
 generation-fast with need_attn), against the same calls without alignments.
 
-    OMP_NUM_THREADS=1 python recipes/speed/alignment_cost.py --source-len 2000 --sources 8 \\
+    OMP_NUM_THREADS=1 python -m experiments.alignment_cost.run --source-len 2000 --sources 8 \\
         --target-len 50 --beam 5 --repeats 3
 
 An alignment over source positions is a layer's read weights times alpha^T (Sec. 5): O(K |S|) per
@@ -21,15 +21,12 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from benchmark import copy_batches  # noqa: E402
-from transformer_decode import build  # noqa: E402
+from recipes.speed.benchmark import copy_batches
+from recipes.speed.transformer_decode import build
 
 
 def count_source_wide_reads(model):

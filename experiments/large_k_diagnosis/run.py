@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Why does softmax/softmax memory attention fail at large K on the copy task?
 
-    OMP_NUM_THREADS=1 python recipes/copy/diagnose_large_k.py --out results/copy/large_k_diagnosis.csv
+    OMP_NUM_THREADS=1 python -m experiments.large_k_diagnosis.run --out experiments/large_k_diagnosis/large_k_diagnosis.csv
 
 Trains the copy task briefly (by default L = 20 and the 3,000-update CPU preset's model and
 optimiser: 2x128 units, 64-d embeddings, Adam 3e-3, clipping at 1, batch 64) for each K, encoder

@@ -3,10 +3,10 @@
 # learn it at the converged sweep's CPU preset (recipes/copy/sweep.py --preset cpu: 2x128 units,
 # 64-d embeddings, no dropout, Adam 1e-3, clipping at 1, batch 64), 2,000 updates, seed 1, training
 # only (validation loss every 500 updates). Run from the repository root, one thread per run:
-#   bash results/copy/attention_check/run.sh
+#   bash experiments/attention_check/run.sh
 set -euo pipefail
-OUT=results/copy/attention_check
-ARGS=$(python -c "import sys; sys.path.insert(0, 'recipes/copy'); import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
+OUT=experiments/attention_check
+ARGS=$(python -c "import sys; from recipes.copy import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
 export OMP_NUM_THREADS=1 COPY_ARGS="--copy-max-len 50" SKIP_GENERATE=1
 run() {  # NAME fairseq-train options...
   local name=$1; shift

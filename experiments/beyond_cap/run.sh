@@ -6,12 +6,12 @@
 # patience 5 as before, but up to 30,000 updates at the same learning rate, or 18,000 at the
 # paper's; then decodes and scores it as the sweep does (beam 10, --min-len 0, checkpoint_best.pt).
 # Resumable. From the repository root:
-#   OMP_NUM_THREADS=1 bash results/copy/beyond_cap/run.sh
+#   OMP_NUM_THREADS=1 bash experiments/beyond_cap/run.sh
 set -euo pipefail
 FROM=results/copy/converged/runs/L100_K16_softmax-softmax_s1
-ARGS=$(python -c "import sys; sys.path.insert(0, 'recipes/copy'); import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
+ARGS=$(python -c "import sys; from recipes.copy import sweep; print(' '.join(sweep.PRESETS['cpu']['train']))")
 continue_run() {  # NAME [fairseq-train options that override the preset's...]
-  local out=results/copy/beyond_cap/$1; shift
+  local out=experiments/beyond_cap/$1; shift
   # decoded: its training ended (resuming would restart fairseq's patience counter and train on)
   [ ! -e "$out/score.json" ] || return 0
   if [ ! -e "$out/checkpoint_last.pt" ]; then  # start from the sweep's run; its log holds the curve so far

@@ -3,7 +3,7 @@
 tokens per context, exp(entropy of alpha_k over the sentence) (1: C_k is one token's state; |x|: the
 mean of all of them), and the mean cosine similarity between the K rows of C.
 
-    python recipes/bible/context_spread.py --data data/bible/en-fr \\
+    python -m experiments.context_spread.run --data data/bible/en-fr \\
         checkpoints/bible/transformer_memattn/checkpoint_best.pt [--untrained]
 
 --untrained adds the same architecture freshly initialised, with and without
@@ -13,16 +13,13 @@ used for those. Needs a write normalised over time (each alpha_k sums to 1 over 
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, REPO)
-import fairseq_memattn  # noqa: E402,F401  (registers the models)
-from fairseq import checkpoint_utils  # noqa: E402
-from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel  # noqa: E402
+import fairseq_memattn  # noqa: F401  (registers the models)
+from fairseq import checkpoint_utils
+from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
 
 
 @torch.no_grad()
@@ -42,7 +39,7 @@ def spread(model, sources, lengths):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
+    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
     p.add_argument("--split", default="valid")
     p.add_argument("--sources", type=int, default=64, help="how many sources of the split")
     p.add_argument("--untrained", action="store_true")

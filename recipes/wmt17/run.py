@@ -1,11 +1,11 @@
 """The WMT'17 recipe's command line (Sec. 4.2, Tables 2 and 3): prepare, train, evaluate.
 
-    python -m fairseq_memattn.wmt17_run prepare PAIR [--out DIR] [--raw-dir DIR]
-    python -m fairseq_memattn.wmt17_run train PAIR CONFIG [--data DIR] [fairseq-train options]
-    python -m fairseq_memattn.wmt17_run evaluate PAIR CHECKPOINT [--data DIR] [--subset test]
+    python -m recipes.wmt17.run prepare PAIR [--out DIR] [--raw-dir DIR]
+    python -m recipes.wmt17.run train PAIR CONFIG [--data DIR] [fairseq-train options]
+    python -m recipes.wmt17.run evaluate PAIR CHECKPOINT [--data DIR] [--subset test]
 
 (``recipes/wmt17/{prepare,train,evaluate}.sh`` call these.) ``prepare`` is the
-data library ``wmt17.py``: the WMT'17 download for en-cs, en-de, en-fi, en-tr,
+data library ``data.py``: the WMT'17 download for en-cs, en-de, en-fi, en-tr,
 or ``--raw-dir`` with a corpus of any pair, then BPE and fairseq-preprocess.
 ``train`` builds one fairseq-train command line from the paper's settings and
 runs it; options it does not know go to fairseq-train last, so they override
@@ -18,6 +18,7 @@ setup and data loading).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -28,10 +29,11 @@ from typing import List, Tuple
 
 import sacrebleu
 
-from . import wmt17
-from .wmt17 import PAIRS, VOCAB_SIZE, DataError, check_pair
+from recipes.wmt17 import data as wmt17
+from recipes.wmt17.data import PAIRS, VOCAB_SIZE, DataError, check_pair
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+# fairseq's --user-dir takes the plugin's folder: the installed package's, or the checkout's on PYTHONPATH
+PLUGIN_DIR = importlib.util.find_spec("fairseq_memattn").submodule_search_locations[0]
 SCORES = ("softmax", "sigmoid")
 CONFIG = re.compile(r"(?:att|k(?P<k>32|64)(?P<pe>_pe)?(?:_(?P<enc>\w+?)-(?P<dec>\w+))?)")
 # Table 2 reports the best of the four scoring combinations on validation (Sec. 4.2). Train
