@@ -244,3 +244,43 @@ def test_fairseq_train_fine_tunes_the_converted_model(toy, tmp_path, how):
     assert f"@ {3 if how == 'restore' else 0} updates)" in log, log[-2000:]
     assert "num_updates 5" in log
     assert (tmp_path / "checkpoint_last.pt").is_file()
+
+
+def recipe(*argv):
+    """recipes/convert/run.py, as a user runs it."""
+    result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "convert", "run.py"), *argv],
+                            env=clean_env(), capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_recipe_converts_trains_and_reports_at_toy_size(toy, tmp_path):
+    """N = 3 and one total, 5 = N + 0.67 N: converted (all parameters, and the write alone for
+    one update first), original and scratch runs, the report; re-running does nothing again."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    common = ["--data", str(toy["data"]), "--source", str(toy["transformer"]), "--work", str(work),
+              "--out", str(out), "--fractions", "0.67", "--long-length", "40"]
+    recipe("convert", *common)
+    for run in (["converted"], ["converted", "--write-only-updates", "1"], ["original"], ["scratch"]):
+        recipe("train", *run, *common, *TINY_SIZES)
+    converted = torch.load(work / "converted.pt", weights_only=True)["model"]
+    write_first = torch.load(work / "converted_write1" / "transformer_memattn_window" / "checkpoint_4.pt",
+                             weights_only=True)["model"]
+    for key, tensor in converted.items():
+        assert torch.equal(write_first[key], tensor) != key.startswith(convert.WRITE_PREFIX), key
+    for run in ("converted", "converted_write1", "original", "scratch"):
+        assert any((work / run).glob("*/checkpoint_5.pt")), run
+
+    recipe("report", *common)
+    table = (out / "table.md").read_text()
+    for label in ("transformer (the source) | 3 | 0 |", "converted, before fine-tuning | 3 | 0 |",
+                  "| converted | 5 | 2 |", "| converted_write1 | 5 | 2 |", "| original | 5 | 2 |", "| scratch | 5 | 5 |"):
+        assert label in table, table
+    assert table.count("| transformer (the source) |") == 2 and "| converted | 5 |" in table
+
+    logs = sorted(out.glob("*/*/train.log"))
+    sizes = [log.stat().st_size for log in logs]
+    recipe("train", "original", *common, *TINY_SIZES)
+    recipe("report", *common)
+    assert [log.stat().st_size for log in logs] == sizes and (out / "table.md").read_text() == table
