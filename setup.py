@@ -36,7 +36,8 @@ setup(
     install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses",
                       "matplotlib>=3.6"],
     entry_points={"console_scripts": ["fairseq-memattn-plot = fairseq_memattn.plot:main",
-                                      "fairseq-memattn-export = fairseq_memattn.export:main"]},
+                                      "fairseq-memattn-export = fairseq_memattn.export:main",
+                                      "fairseq-memattn-convert = fairseq_memattn.convert:main"]},
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.
         "ve-fairseq": ["ve-fairseq==0.12.3"],

@@ -1,0 +1,296 @@
+"""Convert a trained fairseq ``transformer`` into a ``transformer_memattn``:
+
+    python -m fairseq_memattn.convert CHECKPOINT OUT.pt --memory-k K [memory options] [--data DIR] [--force]
+
+The two models share every weight but the write (Eq. 4-5): embeddings, positions, encoder
+layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
+copied, and each decoder layer's encoder-attention (q/k/v/out projections and its layer norm)
+becomes that layer's attention read of the memory under the same state-dict keys, so the
+decoder reads the K rows with what it learned reading the |S| states. The write is new,
+initialised as ``transformer_memattn`` initialises it: with the position window (its default),
+which starts C_k as a soft local average of the encoder states around position k/K.
+
+OUT keeps the checkpoint's update count, learning-rate schedule, data position and, for
+fairseq's plain optimizers, the optimizer moments of the kept weights (the write's start
+fresh), so ``fairseq-train --restore-file OUT.pt`` continues where the transformer
+stopped; ``--finetune-from-model OUT.pt`` starts afresh.
+"""
+
+import argparse
+import copy
+import logging
+import os
+import re
+import sys
+import zipfile
+from typing import Dict, List, Optional
+
+logger = logging.getLogger(__name__)
+
+MEMATTN_ARCH = "transformer_memattn"
+SOURCE_MODEL = "transformer"  # fairseq's registered model name, whatever the --arch
+WRITE_PREFIX = "encoder.writers."  # the write's parameters: the only ones the source lacks
+MEMORY_OPTION = re.compile(r"--(no-)?memory-[a-z-]+")
+# extra_state entries that describe the source model's training, not the converted model's
+SOURCE_ONLY_STATE = ("best", "val_loss", "ema", "ema_fp32_params")
+
+
+class ConvertError(ValueError):
+    """A checkpoint or option the conversion cannot take; the message names it."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are raised, for the caller's own one-line report."""
+
+    def error(self, message):
+        raise ConvertError(message)
+
+
+def parse_memory_options(argv: List[str], prog: str) -> Dict[str, object]:
+    """The ``--memory-*`` options given in ``argv``, parsed (and checked) by
+    ``transformer_memattn``'s own command-line parser: {dest: value}."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    others = [a for a in argv if a.startswith("-") and not MEMORY_OPTION.fullmatch(a.split("=")[0])]
+    if others:
+        raise ConvertError(f"unrecognized arguments: {' '.join(others)} (only --memory-* options "
+                           f"of {MEMATTN_ARCH} are taken)")
+    # SUPPRESS: only the options given end up in the namespace
+    parser = RaisingParser(prog=prog, argument_default=argparse.SUPPRESS, add_help=False)
+    ARCH_MODEL_REGISTRY[MEMATTN_ARCH].add_args(parser)
+    given = vars(parser.parse_args(argv))
+    return {name: value for name, value in given.items() if name.startswith("memory_")}
+
+
+def load_source(path: str, data: Optional[str] = None) -> dict:
+    """The checkpoint's state (fairseq's loader: args or cfg, old formats upgraded)."""
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(path):
+        raise ConvertError(f"checkpoint not found: {path}")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides={"data": data} if data else None)
+        state["cfg"]["model"]
+    except Exception as error:
+        if not zipfile.is_zipfile(path):
+            raise ConvertError(f"cannot read {path} as a fairseq checkpoint (not a file written by torch.save)")
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise ConvertError(f"cannot read {path} as a fairseq checkpoint ({type(error).__name__}: {reason})")
+    return state
+
+
+def architecture(model_cfg) -> str:
+    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
+
+
+def check_source_architecture(model_cfg, path: str) -> None:
+    """Only fairseq's ``transformer`` model itself (any of its --arch) converts."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    arch = architecture(model_cfg)
+    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    if model_class is not None and issubclass(model_class, ARCH_MODEL_REGISTRY[MEMATTN_ARCH]):
+        raise ConvertError(f"{path} is already a memory attention model (--arch {arch})")
+    if model_class is not MODEL_REGISTRY[SOURCE_MODEL]:
+        raise ConvertError(f"cannot convert --arch {arch} in {path}: the conversion takes fairseq's "
+                           f"transformer model (--arch transformer, transformer_iwslt_de_en, "
+                           f"transformer_wmt_en_de, ...)")
+
+
+def target_architecture(source_arch: str) -> str:
+    """transformer_memattn_SUFFIX where registered (transformer_iwslt_de_en ->
+    transformer_memattn_iwslt_de_en), else transformer_memattn; the sizes are
+    the checkpoint's own either way (they are all in its args)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    suffix = source_arch[len(SOURCE_MODEL):] if source_arch.startswith(SOURCE_MODEL + "_") else ""
+    return MEMATTN_ARCH + suffix if MEMATTN_ARCH + suffix in ARCH_MODEL_REGISTRY else MEMATTN_ARCH
+
+
+def target_args(source_args: argparse.Namespace, memory_options: Dict[str, object]) -> argparse.Namespace:
+    """The source's args with the memory architecture and options; what is not
+    given takes the architecture's default when the model is built."""
+    if memory_options.get("memory_read", "attention") != "attention":
+        raise ConvertError(f"--memory-read {memory_options['memory_read']} reads the memory with "
+                           f"parameters a transformer does not have (W_beta, Eq. 7); convert with "
+                           f"--memory-read attention, whose read is the decoder's encoder-attention")
+    args = copy.deepcopy(source_args)
+    args.arch = target_architecture(architecture(source_args))
+    if hasattr(args, "_name"):
+        args._name = args.arch
+    vars(args).update(memory_options)
+    return args
+
+
+def as_namespace(model_cfg) -> argparse.Namespace:
+    """A model config (a Namespace, or a DictConfig of a dataclass model) as a Namespace."""
+    if isinstance(model_cfg, argparse.Namespace):
+        return model_cfg
+    from omegaconf import OmegaConf
+
+    return argparse.Namespace(**OmegaConf.to_container(model_cfg, resolve=True))
+
+
+def setup_task(cfg, path: str):
+    from fairseq import tasks
+
+    try:
+        return tasks.setup_task(cfg.task)
+    except (OSError, ValueError, AssertionError) as error:
+        raise ConvertError(f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
+                           f"pass --data DIR, the folder with its dictionaries")
+
+
+def build_model(task, args: argparse.Namespace, path: str):
+    """fairseq's model building, its errors (an unsupported option) as ConvertError."""
+    try:
+        return task.build_model(args)
+    except ValueError as error:
+        raise ConvertError(f"cannot convert {path} to --arch {args.arch}: {error}")
+
+
+def trainable_names(model) -> List[str]:
+    """Parameter names in the order fairseq's trainer hands them to the optimizer."""
+    return [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+
+
+def check_only_write_is_new(source_state: dict, target_state: dict) -> List[str]:
+    """The target's keys the source lacks, which must all be the write's, and
+    every source key kept with its shape; else ConvertError naming the keys."""
+    dropped = [k for k in source_state if k not in target_state]
+    reshaped = [k for k in source_state if k in target_state and source_state[k].shape != target_state[k].shape]
+    new = [k for k in target_state if k not in source_state]
+    unexpected = [k for k in new if not k.startswith(WRITE_PREFIX)]
+    if dropped or reshaped or unexpected:
+        problems = [f"{what}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
+                    for what, keys in (("not kept", dropped), ("reshaped", reshaped),
+                                       ("new besides the write", unexpected)) if keys]
+        raise ConvertError("the memory model does not hold the transformer's weights (" + "; ".join(problems) + ")")
+    return new
+
+
+def carried_optimizer_state(state: Optional[dict], source_names: List[str],
+                            target_names: List[str]) -> Optional[dict]:
+    """The source's optimizer state for the target's parameters: the moments of
+    every kept parameter, none (a fresh start) for the write. Only for a plain
+    torch-style state with one entry per parameter (fairseq's adam, sgd, ...);
+    otherwise None, and fine-tuning starts the optimizer afresh."""
+    if not state or set(state) != {"state", "param_groups"} or len(state["param_groups"]) != 1:
+        return None
+    group = state["param_groups"][0]
+    if len(group["params"]) != len(source_names):
+        return None
+    old_id = dict(zip(source_names, group["params"]))
+    moments = {index: state["state"][old_id[name]] for index, name in enumerate(target_names)
+               if name in old_id and old_id[name] in state["state"]}
+    return {"state": moments, "param_groups": [dict(group, params=list(range(len(target_names))))]}
+
+
+def convert_model(state: dict, memory_options: Dict[str, object], path: str = "checkpoint"):
+    """(source, target, target args): the checkpoint's transformer as fairseq loads it, and the
+    memory model built by fairseq from the converted args with the transformer's weights in
+    every parameter but the write's, which keep the model's own initialisation."""
+    cfg = state["cfg"]
+    check_source_architecture(cfg.model, path)
+    source_args = copy.deepcopy(as_namespace(cfg.model))
+    args = target_args(source_args, memory_options)
+    task = setup_task(cfg, path)
+    source = build_model(task, source_args, path)
+    try:
+        # fairseq's own loading: upgrades old key names, prunes --*-layers-to-keep
+        source.load_state_dict(state["model"], strict=True, model_cfg=source_args)
+    except RuntimeError as error:
+        details = " ".join(line.strip() for line in str(error).splitlines()[:2])
+        raise ConvertError(f"the weights of {path} do not fit its own --arch {architecture(source_args)} "
+                           f"({details[:300]})")
+    args.encoder_layers_to_keep = args.decoder_layers_to_keep = None  # applied to the source's weights
+    target = build_model(task, args, path)
+    if not getattr(args, "memory_position_window", False):
+        logger.warning("the write starts without --memory-position-window: each C_k starts as a "
+                       "random average of the encoder states, not a local one")
+    source_state, fresh = source.state_dict(), target.state_dict()
+    new = check_only_write_is_new(source_state, fresh)
+    target.load_state_dict({key: source_state.get(key, fresh[key]) for key in fresh}, strict=True, model_cfg=args)
+    logger.info(f"kept {len(source_state)} tensors of {path}; new, the write (Eq. 4-5): {', '.join(new)}")
+    return source, target, args
+
+
+def converted_checkpoint(state: dict, source, target, args: argparse.Namespace) -> dict:
+    """The source checkpoint's state for the target model: its weights and args, the
+    optimizer state carried over, the training position kept, the source's scores dropped."""
+    from omegaconf import open_dict
+
+    converted = {key: value for key, value in state.items() if key != "args"}
+    converted["cfg"] = copy.deepcopy(state["cfg"])
+    with open_dict(converted["cfg"]):
+        converted["cfg"].model = args
+    converted["model"] = target.state_dict()
+    converted["last_optimizer_state"] = carried_optimizer_state(
+        state.get("last_optimizer_state"), trainable_names(source), trainable_names(target))
+    if converted["last_optimizer_state"] is None and state.get("last_optimizer_state"):
+        logger.warning("the optimizer state is not carried over (not one entry per parameter): "
+                       "fine-tune with --reset-optimizer")
+    extra = state.get("extra_state") or {}
+    converted["extra_state"] = {key: value for key, value in extra.items() if key not in SOURCE_ONLY_STATE}
+    return converted
+
+
+def convert_state(state: dict, memory_options: Dict[str, object], path: str = "checkpoint") -> dict:
+    """The checkpoint state of the converted model, from a transformer's (``load_source``)."""
+    source, target, args = convert_model(state, memory_options, path)
+    return converted_checkpoint(state, source, target, args)
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """``state`` written as fairseq writes checkpoints (the config as plain
+    containers), atomically: an interrupted write leaves no file at ``path``."""
+    import torch
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(state.get("cfg")):
+        state = dict(state, cfg=OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: Optional[str] = None,
+            force: bool = False) -> None:
+    """Write the conversion of ``checkpoint`` to ``out``."""
+    if os.path.exists(out) and not force:
+        raise ConvertError(f"{out} exists: pass --force to replace it")
+    save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairseq-memattn-convert", allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="memory options: those of fairseq-train --arch transformer_memattn (--memory-k, "
+               "--memory-encoder-score, --memory-encoder-normalize, --[no-]memory-position-window, "
+               "--[no-]memory-position-encoding, --memory-position-max-len, --memory-per-layer)")
+    parser.add_argument("checkpoint", help="a fairseq transformer checkpoint")
+    parser.add_argument("out", help="where to write the transformer_memattn checkpoint")
+    parser.add_argument("--data", help="the folder with the task's dictionaries, if not where the "
+                                       "checkpoint was trained")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    import fairseq_memattn  # noqa: F401  registers the models; allows fairseq checkpoints in torch.load
+
+    logging.basicConfig(format="%(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
+    parser = build_parser()
+    args, memory_argv = parser.parse_known_args(argv)
+    try:
+        options = parse_memory_options(memory_argv, parser.prog)
+        if "memory_k" not in options:
+            raise ConvertError("the following arguments are required: --memory-k")
+        convert(args.checkpoint, args.out, options, args.data, args.force)
+    except ConvertError as error:
+        parser.error(str(error))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

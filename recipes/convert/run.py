@@ -1,0 +1,308 @@
+#!/usr/bin/env python
+"""A trained fairseq transformer converted to transformer_memattn on the Bible en-fr corpus
+(recipes/bible/compare.py's models and data), against continuing the transformer and against
+transformer_memattn from scratch, at the same update totals. N is the transformer's update count;
+the totals are N + 2 %, 5 %, 10 %, 25 % of N (--fractions).
+
+    python recipes/convert/run.py convert --data DATA --source CHECKPOINTS/transformer/checkpoint_last.pt
+    OMP_NUM_THREADS=1 python recipes/convert/run.py train converted --data DATA   # fine-tune, all parameters
+    OMP_NUM_THREADS=1 python recipes/convert/run.py train converted --data DATA --write-only-updates U
+    OMP_NUM_THREADS=1 python recipes/convert/run.py train original --data DATA    # the transformer, continued
+    OMP_NUM_THREADS=1 python recipes/convert/run.py train scratch --data DATA     # transformer_memattn, window
+    python recipes/convert/run.py report --data DATA                              # OUT/table.md
+
+``train`` runs fairseq-train to each total in turn (one thread), resuming from the run's
+checkpoint_last.pt, and keeps checkpoint_TOTAL.pt; the converted and original runs start from the
+converted checkpoint and from a copy of the transformer's checkpoint_last.pt, so both keep its
+update count, learning-rate schedule, optimizer moments and data position. ``--write-only-updates
+U`` first trains only the write for U updates (the other parameters frozen), then everything.
+``report`` evaluates every checkpoint (test sacreBLEU and chrF with beam 5 via ``wmt17_run
+evaluate``, validation loss via fairseq-validate, decoding seconds) and times the original and the
+converted model on sources of --long-length tokens. Re-running any step skips what is done.
+Options this driver does not know go to fairseq-train (after compare.py's, so they override them).
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+PLUGIN = os.path.join(REPO, "fairseq_memattn")
+WRITE_ONLY = os.path.join(HERE, "write_only")
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
+import compare  # noqa: E402
+
+FRACTIONS = (0.02, 0.05, 0.1, 0.25)
+ORIGINAL, MEMORY = "transformer", "transformer_memattn_window"  # compare.MODELS: the source, the target
+RUN_MODELS = {"converted": MEMORY, "original": ORIGINAL, "scratch": MEMORY}
+LONG_LENGTH = 800
+
+
+def memory_flags(flags):
+    """The --memory-* options (with their values) of a compare.MODELS command line."""
+    picked = []
+    for index, flag in enumerate(flags):
+        if re.fullmatch(r"--(no-)?memory-[a-z-]+", flag):
+            value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else None
+            picked += [flag] + ([value] if value is not None else [])
+    return picked
+
+
+def source_updates(source):
+    """N: the update count the transformer's checkpoint was saved at."""
+    import fairseq_memattn  # noqa: F401  torch.load allowlist
+    from fairseq import checkpoint_utils
+
+    return checkpoint_utils.load_checkpoint_to_cpu(source)["optimizer_history"][-1]["num_updates"]
+
+
+def totals(updates, fractions):
+    return [updates + max(1, round(f * updates)) for f in fractions]
+
+
+def converted_path(args):
+    return os.path.join(args.work, "converted.pt")
+
+
+def convert(args):
+    if os.path.isfile(converted_path(args)):
+        return
+    command = [sys.executable, "-m", "fairseq_memattn.convert", args.source, converted_path(args),
+               "--data", os.path.join(args.data, "data-bin"), *memory_flags(compare.MODELS[MEMORY])]
+    print("$ " + shlex.join(command), flush=True)
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def run_name(args):
+    if args.run == "converted" and args.write_only_updates:
+        return f"converted_write{args.write_only_updates}"
+    return args.run
+
+
+def checkpoint_folder(args, run):
+    return os.path.join(args.work, run, RUN_MODELS[run.split("_")[0]])
+
+
+def seed_checkpoint(args):
+    """What the run starts from: None (scratch), the converted model or the transformer."""
+    return {"converted": converted_path(args), "original": args.source, "scratch": None}[args.run]
+
+
+def stages(args, updates):
+    """(total, write only) for each fairseq-train run, in order."""
+    planned = [(total, False) for total in totals(updates, args.fractions)]
+    if args.write_only_updates:
+        first = updates + args.write_only_updates
+        planned = [(first, True)] + [(total, False) for total in totals(updates, args.fractions) if total > first]
+    return planned
+
+
+def train(args):
+    updates = source_updates(args.source)
+    run = run_name(args)
+    folder = checkpoint_folder(args, run)
+    seed = seed_checkpoint(args)
+    if seed is not None and not os.path.isfile(os.path.join(folder, "checkpoint_last.pt")):
+        if not os.path.isfile(seed):
+            sys.exit(f"{seed} does not exist: run the convert step first")
+        os.makedirs(folder, exist_ok=True)
+        shutil.copyfile(seed, os.path.join(folder, "checkpoint_last.pt"))
+    for total, write_only in stages(args, updates):
+        snapshot = os.path.join(folder, f"checkpoint_{total}.pt")
+        if os.path.isfile(snapshot):
+            continue
+        extra = [*args.extra, "--user-dir", WRITE_ONLY] if write_only else args.extra
+        stage = argparse.Namespace(out=os.path.join(args.out, run), checkpoints=os.path.join(args.work, run),
+                                   model=RUN_MODELS[args.run], data=args.data, max_update=total,
+                                   seed=args.seed, extra=extra)
+        if compare.train(stage) != 0:
+            sys.exit(f"fairseq-train of {run} to {total} updates failed: see {stage.out}/{stage.model}/train.log")
+        shutil.copyfile(os.path.join(folder, "checkpoint_last.pt"), snapshot)
+
+
+def chrf(hypotheses_file, references_file):
+    import sacrebleu
+
+    with open(hypotheses_file, encoding="utf-8") as h, open(references_file, encoding="utf-8") as r:
+        return round(sacrebleu.corpus_chrf([line.rstrip("\n") for line in h],
+                                           [[line.rstrip("\n") for line in r]]).score, 2)
+
+
+def validation_loss(checkpoint, data):
+    """(loss, nll_loss) of fairseq-validate on the valid split, with the checkpoint's criterion."""
+    result = subprocess.run(
+        [compare.fairseq_tool("fairseq-validate"), os.path.join(data, "data-bin"), "--user-dir", PLUGIN,
+         "--task", "translation", "--source-lang", "en", "--target-lang", "fr", "--path", checkpoint,
+         "--valid-subset", "valid", "--max-tokens", "4096", "--cpu", "--skip-invalid-size-inputs-valid-test"],
+        capture_output=True, text=True, cwd=REPO)
+    found = re.search(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)", result.stderr + result.stdout)
+    if result.returncode != 0 or not found:
+        sys.exit(f"fairseq-validate of {checkpoint} failed:\n{result.stderr[-2000:]}")
+    return float(found.group(1)), float(found.group(2))
+
+
+def decode(checkpoint, data, out, extra=()):
+    """wmt17_run evaluate's result (beam 5) for the test split of DATA, written to OUT/score.json."""
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.wmt17_run", "evaluate", "en-fr", checkpoint,
+                             "--data", data, "--gpus", "0", "--out", out, "--beam", "5", *extra],
+                            capture_output=True, text=True, cwd=REPO)
+    with open(os.path.join(out, "evaluate.log"), "w", encoding="utf-8") as f:
+        f.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        sys.exit(f"evaluation of {checkpoint} failed: see {out}/evaluate.log")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def evaluate(checkpoint, data, out):
+    """Test BLEU, chrF and decoding seconds, validation loss: OUT/score.json, made once."""
+    score_file = os.path.join(out, "score.json")
+    if not os.path.isfile(score_file):
+        os.makedirs(out, exist_ok=True)
+        score = decode(checkpoint, data, out)
+        score["chrf"] = chrf(os.path.join(out, "hyp.test.fr"), os.path.join(data, "ref", "test.fr"))
+        score["valid_loss"], score["valid_nll_loss"] = validation_loss(checkpoint, data)
+        with open(score_file, "w", encoding="utf-8") as f:
+            json.dump(score, f)
+    with open(score_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def long_sources(data, folder, length):
+    """FOLDER laid out as prepare's DATA: the test split's BPE lines joined into sources of exactly
+    ``length`` tokens with EOS (and targets of as many), binarized with DATA's dictionaries."""
+    if os.path.isfile(os.path.join(folder, "data-bin", "test.en-fr.en.bin")):
+        return folder
+    streams = {}
+    for lang in ("en", "fr"):
+        with open(os.path.join(data, "bpe", f"test.{lang}"), encoding="utf-8") as f:
+            streams[lang] = " ".join(line.strip() for line in f).split()
+    count = len(streams["en"]) // (length - 1)
+    if count == 0:
+        sys.exit(f"the test split has fewer than {length - 1} BPE tokens: pass a smaller --long-length")
+    os.makedirs(os.path.join(folder, "bpe"), exist_ok=True)
+    os.makedirs(os.path.join(folder, "ref"), exist_ok=True)
+    for lang in ("en", "fr"):
+        pieces = [streams[lang][i * (length - 1):(i + 1) * (length - 1)] for i in range(count)]
+        with open(os.path.join(folder, "bpe", f"test.{lang}"), "w", encoding="utf-8") as f:
+            f.writelines(" ".join(piece) + "\n" for piece in pieces)
+    shutil.copyfile(os.path.join(folder, "bpe", "test.fr"), os.path.join(folder, "ref", "test.fr"))
+    binarized = os.path.join(data, "data-bin")
+    subprocess.run([compare.fairseq_tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "fr",
+                    "--testpref", os.path.join(folder, "bpe", "test"), "--destdir", os.path.join(folder, "data-bin"),
+                    "--srcdict", os.path.join(binarized, "dict.en.txt"),
+                    "--tgtdict", os.path.join(binarized, "dict.fr.txt"), "--workers", "1"],
+                   check=True, capture_output=True)
+    return folder
+
+
+def time_long(checkpoint, long_data, out, length):
+    """Decoding seconds and output tokens (beam 5) on the long sources: OUT/score.json, made once."""
+    score_file = os.path.join(out, "score.json")
+    if not os.path.isfile(score_file):
+        os.makedirs(out, exist_ok=True)
+        positions = str(length + 2)
+        score = decode(checkpoint, long_data, out, [
+            "--max-source-positions", positions, "--max-target-positions", positions,
+            "--model-overrides", repr({"max_source_positions": length + 2, "max_target_positions": length + 2})])
+        score["output_tokens"] = decode_tokens(os.path.join(out, "evaluate.log"))
+        with open(score_file, "w", encoding="utf-8") as f:
+            json.dump(score, f)
+    with open(score_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def decode_tokens(log):
+    from fairseq_memattn.wmt17_run import decoding_stats
+
+    with open(log, encoding="utf-8") as f:
+        return decoding_stats(f.read())[1]
+
+
+def report_rows(args, updates):
+    """(label, updates, fine-tuning updates, score) for every checkpoint that exists."""
+    rows = [("transformer (the source)", updates, 0, evaluate(args.source, args.data, os.path.join(args.out, "source"))),
+            ("converted, before fine-tuning", updates, 0,
+             evaluate(converted_path(args), args.data, os.path.join(args.out, "converted_0")))]
+    runs = sorted(name for name in os.listdir(args.work) if os.path.isdir(os.path.join(args.work, name))
+                  and name.split("_")[0] in RUN_MODELS)
+    for total in totals(updates, args.fractions):
+        for run in runs:
+            checkpoint = os.path.join(checkpoint_folder(args, run), f"checkpoint_{total}.pt")
+            if os.path.isfile(checkpoint):
+                score = evaluate(checkpoint, args.data, os.path.join(args.out, run, f"eval_{total}"))
+                rows.append((run, total, total - updates if run != "scratch" else total, score))
+    return rows
+
+
+def report(args):
+    updates = source_updates(args.source)
+    os.makedirs(args.out, exist_ok=True)
+    rows = report_rows(args, updates)
+    long_data = long_sources(args.data, os.path.join(args.work, f"long{args.long_length}"), args.long_length)
+    long_rows = [(label, time_long(checkpoint, long_data, os.path.join(args.out, f"long_{name}"), args.long_length))
+                 for label, name, checkpoint in (("transformer (the source)", "source", args.source),
+                                                 ("converted", "converted", converted_path(args)))]
+    write_table(args, updates, rows, long_rows)
+
+
+def write_table(args, updates, rows, long_rows):
+    lines = [f"# Bible en-fr: a transformer trained for N = {updates} updates, converted to transformer_memattn",
+             "", "Test split (Romans), beam 5, sacreBLEU and chrF on detokenised text (`wmt17_run evaluate`); "
+             "validation loss (label-smoothed, as in training) by fairseq-validate; decoding seconds by "
+             "fairseq-generate's timer, one thread. `original`: the transformer continued from its "
+             "checkpoint_last.pt; `converted*`: fine-tuned from the conversion (all parameters, or the write "
+             f"alone for its first U updates in `converted_writeU`); `scratch`: {MEMORY} from scratch. "
+             "Made by:", "", "```bash",
+             f"python recipes/convert/run.py convert --data DATA --source {args.source}",
+             "OMP_NUM_THREADS=1 python recipes/convert/run.py train {converted,original,scratch} --data DATA "
+             "--source SOURCE [--write-only-updates U]",
+             "python recipes/convert/run.py report --data DATA --source SOURCE", "```", "",
+             "| model | updates | trained here | test BLEU | chrF | valid loss | valid nll | decoding s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, total, trained, score in rows:
+        lines.append(f"| {label} | {total} | {trained} | {score['bleu']} | {score['chrf']} | "
+                     f"{score['valid_loss']:.3f} | {score['valid_nll_loss']:.3f} | {score['decoding_seconds']} |")
+    lines += ["", f"Long inputs: the test split's BPE joined into sources of |S| = {args.long_length} tokens "
+                  "(EOS included), beam 5:", "",
+              "| model | sources | decoding s | output tokens |", "| --- | ---: | ---: | ---: |"]
+    for label, score in long_rows:
+        lines.append(f"| {label} | {score['sentences']} | {score['decoding_seconds']} | {score['output_tokens']:.0f} |")
+    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    os.environ["OMP_NUM_THREADS"] = "1"  # every run and evaluation on one thread
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("convert", "train", "report"))
+    p.add_argument("run", nargs="?", choices=sorted(RUN_MODELS))
+    p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
+    p.add_argument("--source", default=os.path.join(REPO, "checkpoints", "bible", ORIGINAL, "checkpoint_last.pt"),
+                   help="the transformer's checkpoint (compare.py train transformer's checkpoint_last.pt)")
+    p.add_argument("--work", default=os.path.join(REPO, "checkpoints", "bible", "convert"),
+                   help="converted model and checkpoints")
+    p.add_argument("--out", default=os.path.join(REPO, "results", "bible", "convert"))
+    p.add_argument("--fractions", type=float, nargs="+", default=FRACTIONS,
+                   help="update totals N + fraction * N to compare at")
+    p.add_argument("--write-only-updates", type=int, default=0,
+                   help="train converted: the write alone for this many updates first")
+    p.add_argument("--long-length", type=int, default=LONG_LENGTH, help="|S| of the long-input timing")
+    p.add_argument("--seed", type=int, default=1)
+    args, args.extra = p.parse_known_args(argv)
+    if args.command == "train" and args.run is None:
+        p.error("train needs a run: " + ", ".join(sorted(RUN_MODELS)))
+    if not os.path.isfile(args.source):
+        p.error(f"--source {args.source} does not exist: the transformer's checkpoint_last.pt")
+    {"convert": convert, "train": train, "report": report}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

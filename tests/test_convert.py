@@ -1,0 +1,286 @@
+"""fairseq_memattn.convert: a trained fairseq transformer (3 updates on the toy en-fr corpus) as a
+transformer_memattn: every weight kept, the decoder unchanged when the write copies the states,
+the converted checkpoint loaded by fairseq-train, fairseq-generate, the hub and the export, and
+every refusal one line."""
+
+import copy
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, tasks
+from fairseq.sequence_generator import SequenceGenerator
+
+from conftest import PLUGIN_DIR, REPO, clean_env, run_fairseq
+import wmt17_toy
+
+from fairseq_memattn import convert
+
+# fairseq's transformer_iwslt_de_en at toy sizes, trained as recipes/bible/compare.py trains it.
+TINY_SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
+              "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--warmup-updates", "10",
+              "--max-tokens", "500", "--dropout", "0.1", "--log-interval", "1", "--num-workers", "0"]
+K = 4
+
+
+def prepare_toy_data(root):
+    """The toy en-fr corpus (wmt17_toy) prepared as recipes/bible prepares the Bible: DATA with
+    data-bin/, ref/ and spm.model."""
+    raw = wmt17_toy.write_corpus(root / "raw", sizes={"train": 300, "valid": 20, "test": 20}, pair="en-fr")
+    data = root / "data"
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.wmt17_run", "prepare", "en-fr",
+                             "--raw-dir", str(raw), "--out", str(data), "--vocab-size", "100"],
+                            env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return data
+
+
+def train_transformer(data, save_dir, updates=3):
+    """fairseq's transformer_iwslt_de_en with compare.py's training options, at toy sizes."""
+    sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
+    import compare
+
+    run_fairseq("fairseq-train", str(data / "data-bin"), "--task", "translation", "--source-lang", "en",
+                "--target-lang", "fr", *compare.MODELS["transformer"], *TINY_SIZES,
+                "--max-update", str(updates), "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--cpu")
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("convert")
+    data = prepare_toy_data(root)
+    transformer = train_transformer(data, root / "transformer")
+    converted = root / "converted.pt"
+    convert.main([str(transformer), str(converted), "--memory-k", str(K)])
+    return dict(root=root, data=data, transformer=transformer, converted=converted)
+
+
+def load(path):
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    return models[0].eval(), task
+
+
+def test_every_transformer_weight_is_kept_and_only_the_write_is_new(toy):
+    original = checkpoint_utils.load_checkpoint_to_cpu(str(toy["transformer"]))
+    converted = checkpoint_utils.load_checkpoint_to_cpu(str(toy["converted"]))
+    for key, tensor in original["model"].items():
+        assert torch.equal(converted["model"][key], tensor), key
+    assert sorted(set(converted["model"]) - set(original["model"])) == [
+        "encoder.writers.0.W_alpha.weight", "encoder.writers.0.window_log_width"]
+    # The write starts as the position window, each width at 1/K (see MemoryWrite).
+    assert torch.allclose(converted["model"]["encoder.writers.0.window_log_width"], torch.full((K,), -math.log(K)))
+    assert converted["cfg"].model.arch == "transformer_memattn_iwslt_de_en"
+    assert converted["cfg"].model.memory_k == K
+    # The training position and the optimizer moments of the kept weights carry over, the write's start fresh.
+    assert converted["optimizer_history"][-1]["num_updates"] == 3
+    assert "best" not in converted["extra_state"]
+    groups = converted["last_optimizer_state"]["param_groups"]
+    assert len(groups[0]["params"]) == len(original["last_optimizer_state"]["param_groups"][0]["params"]) + 2
+    assert len(converted["last_optimizer_state"]["state"]) == len(original["last_optimizer_state"]["state"])
+
+
+def identity_write(model):
+    """Forces alpha to the identity when K = |S| (no padding): W_alpha = 0 and windows so narrow
+    that row k takes source position k alone (window_scores: -(r_s - c_k)^2 / 2w^2, r_k = c_k)."""
+    state = model.state_dict()
+    for key in state:
+        if key.startswith(convert.WRITE_PREFIX):
+            state[key] = torch.zeros_like(state[key]) if key.endswith("W_alpha.weight") else torch.full_like(state[key], -12.0)
+    model.load_state_dict(state)
+
+
+def test_converted_decoder_equals_the_transformer_when_the_write_copies_the_states(toy, tmp_path):
+    original, task = load(toy["transformer"])
+    dictionary = task.source_dictionary
+    length = 6  # |S| with EOS: K rows, one per position
+    path = tmp_path / "k_equals_s.pt"
+    convert.main([str(toy["transformer"]), str(path), "--memory-k", str(length)])
+    converted, _ = load(path)
+    identity_write(converted)
+
+    torch.manual_seed(0)
+    words = torch.randint(dictionary.nspecial, len(dictionary), (3, length - 1))
+    src_tokens = torch.cat([words, torch.full((3, 1), dictionary.eos())], dim=1)
+    src_lengths = torch.full((3,), length)
+    prev_output = torch.cat([torch.full((3, 1), dictionary.eos()),
+                             torch.randint(dictionary.nspecial, len(dictionary), (3, 7))], dim=1)
+    with torch.no_grad():
+        expected = original.get_normalized_probs(original(src_tokens, src_lengths, prev_output), log_probs=True)
+        got = converted.get_normalized_probs(converted(src_tokens, src_lengths, prev_output), log_probs=True)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+    sample = {"id": torch.arange(3), "net_input": {"src_tokens": src_tokens, "src_lengths": src_lengths}}
+    generate = SequenceGenerator([original], task.target_dictionary, beam_size=3, max_len_b=10)
+    with torch.no_grad():
+        expected, got = generate.generate([original], sample), generate.generate([converted], sample)
+    for hypotheses, reference in zip(got, expected):
+        for hypothesis, wanted in zip(hypotheses, reference):
+            assert torch.equal(hypothesis["tokens"], wanted["tokens"])
+            assert torch.allclose(hypothesis["positional_scores"], wanted["positional_scores"], atol=1e-5)
+
+
+def save_variant(toy, path, arch=None, **model_options):
+    """The trained transformer's checkpoint with another --arch or model options, its
+    weights rebuilt by fairseq for them."""
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(toy["transformer"]))
+    model_args = copy.deepcopy(state["cfg"].model)
+    vars(model_args).update(model_options)
+    model_args.arch = arch or model_args.arch
+    if model_options:
+        task = tasks.setup_task(state["cfg"].task)
+        state["model"] = task.build_model(copy.deepcopy(model_args)).state_dict()
+    state["cfg"].model = model_args
+    convert.save_checkpoint(state, str(path))
+    return path
+
+
+REFUSALS = {  # name: (how to make the checkpoint, extra options, what the error says)
+    "lstm": (dict(arch="lstm"), [], "cannot convert --arch lstm"),
+    "alignment": (dict(arch="transformer_align"), [], "cannot convert --arch transformer_align"),
+    "cross-self-attention": (dict(cross_self_attention=True), [], "--cross-self-attention attends"),
+    "no-cross-attention": (dict(no_cross_attention=True), [], "--no-cross-attention removes"),
+    "mix read": (None, ["--memory-read", "mix"], "--memory-read mix reads the memory"),
+    "other option": (None, ["--lr", "1"], "unrecognized arguments: --lr"),
+    "bad value": (None, ["--memory-encoder-score", "cosine"], "argument --memory-encoder-score: invalid choice"),
+    "not a checkpoint": ("text", [], "not a file written by torch.save"),
+    "missing": ("missing", [], "checkpoint not found"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_refusals_are_one_line(toy, tmp_path, capsys, name):
+    make, options, message = REFUSALS[name]
+    if make is None:
+        checkpoint = toy["transformer"]
+    elif make == "text":
+        checkpoint = tmp_path / "notes.txt"
+        checkpoint.write_text("not a checkpoint\n")
+    elif make == "missing":
+        checkpoint = tmp_path / "none.pt"
+    else:
+        checkpoint = save_variant(toy, tmp_path / "variant.pt", **make)
+    with pytest.raises(SystemExit) as stopped:
+        convert.main([str(checkpoint), str(tmp_path / "out.pt"), "--memory-k", "4", *options])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2
+    assert error[-1].startswith("fairseq-memattn-convert: error: ") and message in error[-1], error[-1]
+    assert not any("Traceback" in line for line in error)
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_refuses_a_converted_model_and_an_existing_out(toy, tmp_path, capsys):
+    for argv, message in (([str(toy["converted"]), str(tmp_path / "again.pt")], "already a memory attention model"),
+                          ([str(toy["transformer"]), str(toy["converted"])], "exists: pass --force"),
+                          ([str(toy["transformer"]), str(tmp_path / "no_k.pt")], "required: --memory-k")):
+        with pytest.raises(SystemExit) as stopped:
+            convert.main(argv + (["--memory-k", "4"] if "no_k" not in argv[1] else []))
+        assert stopped.value.code == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_console_command_and_force(toy, tmp_path):
+    out = tmp_path / "out.pt"
+    out.write_text("old")
+    command = [sys.executable, "-m", "fairseq_memattn.convert", str(toy["transformer"]), str(out),
+               "--memory-k", "3", "--memory-per-layer", "--force"]
+    result = subprocess.run(command, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    model, _ = load(out)
+    assert sum(key.startswith(convert.WRITE_PREFIX) and key.endswith("W_alpha.weight")
+               for key in model.state_dict()) == 2  # one write per decoder layer
+
+
+@pytest.mark.slow
+def test_fairseq_generate_and_the_hub_load_the_converted_model(toy):
+    data_bin = str(toy["data"] / "data-bin")
+    result = run_fairseq("fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--path", str(toy["converted"]),
+                         "--gen-subset", "test", "--beam", "2", "--cpu", "--source-lang", "en", "--target-lang", "fr")
+    translated = int(re.search(r"Translated (\d+) sentences", result.stderr).group(1))
+    assert translated > 0 and sum(line.startswith("H-") for line in result.stdout.splitlines()) == translated
+
+    from fairseq.models.transformer import TransformerModel
+
+    hub = TransformerModel.from_pretrained(str(toy["root"]), checkpoint_file=toy["converted"].name,
+                                           data_name_or_path=data_bin, user_dir=PLUGIN_DIR,
+                                           bpe="sentencepiece", sentencepiece_model=str(toy["data"] / "spm.model"))
+    assert isinstance(hub.translate("The dog sees the house."), str)
+    assert type(hub.models[0]).__name__ == "MemAttnTransformerModel"
+
+
+@pytest.mark.slow
+def test_the_export_loads_the_converted_model(toy, tmp_path):
+    pytest.importorskip("onnxruntime")
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(toy["converted"]),
+                             str(tmp_path / "onnx")], env=clean_env(OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "onnx" / "config.json").read_text())["max_source_positions"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["restore", "finetune"])
+def test_fairseq_train_fine_tunes_the_converted_model(toy, tmp_path, how):
+    """--restore-file continues at the transformer's update count with its optimizer state;
+    --finetune-from-model starts the count and the optimizer afresh."""
+    start = ["--restore-file", str(toy["converted"])] if how == "restore" else [
+        "--finetune-from-model", str(toy["converted"])]
+    sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
+    import compare
+
+    result = run_fairseq("fairseq-train", str(toy["data"] / "data-bin"), "--user-dir", PLUGIN_DIR,
+                         "--task", "translation", "--source-lang", "en", "--target-lang", "fr",
+                         *compare.SMALL_TRANSFORMER, *TINY_SIZES, "--arch", "transformer_memattn_iwslt_de_en",
+                         "--memory-k", str(K), "--max-update", "5", *start, "--save-dir", str(tmp_path),
+                         "--no-epoch-checkpoints", "--cpu")
+    log = result.stdout + result.stderr
+    assert f"@ {3 if how == 'restore' else 0} updates)" in log, log[-2000:]
+    assert "num_updates 5" in log
+    assert (tmp_path / "checkpoint_last.pt").is_file()
+
+
+def recipe(*argv):
+    """recipes/convert/run.py, as a user runs it."""
+    result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "convert", "run.py"), *argv],
+                            env=clean_env(), capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_recipe_converts_trains_and_reports_at_toy_size(toy, tmp_path):
+    """N = 3 and one total, 5 = N + 0.67 N: converted (all parameters, and the write alone for
+    one update first), original and scratch runs, the report; re-running does nothing again."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    common = ["--data", str(toy["data"]), "--source", str(toy["transformer"]), "--work", str(work),
+              "--out", str(out), "--fractions", "0.67", "--long-length", "40"]
+    recipe("convert", *common)
+    for run in (["converted"], ["converted", "--write-only-updates", "1"], ["original"], ["scratch"]):
+        recipe("train", *run, *common, *TINY_SIZES)
+    converted = torch.load(work / "converted.pt", weights_only=True)["model"]
+    write_first = torch.load(work / "converted_write1" / "transformer_memattn_window" / "checkpoint_4.pt",
+                             weights_only=True)["model"]
+    for key, tensor in converted.items():
+        assert torch.equal(write_first[key], tensor) != key.startswith(convert.WRITE_PREFIX), key
+    for run in ("converted", "converted_write1", "original", "scratch"):
+        assert any((work / run).glob("*/checkpoint_5.pt")), run
+
+    recipe("report", *common)
+    table = (out / "table.md").read_text()
+    for label in ("transformer (the source) | 3 | 0 |", "converted, before fine-tuning | 3 | 0 |",
+                  "| converted | 5 | 2 |", "| converted_write1 | 5 | 2 |", "| original | 5 | 2 |", "| scratch | 5 | 5 |"):
+        assert label in table, table
+    assert table.count("| transformer (the source) |") == 2 and "| converted | 5 |" in table
+
+    logs = sorted(out.glob("*/*/train.log"))
+    sizes = [log.stat().st_size for log in logs]
+    recipe("train", "original", *common, *TINY_SIZES)
+    recipe("report", *common)
+    assert [log.stat().st_size for log in logs] == sizes and (out / "table.md").read_text() == table
