@@ -6,7 +6,6 @@ every refusal one line."""
 import copy
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -34,7 +33,7 @@ def prepare_toy_data(root):
     data-bin/, ref/ and spm.model."""
     raw = wmt17_toy.write_corpus(root / "raw", sizes={"train": 300, "valid": 20, "test": 20}, pair="en-fr")
     data = root / "data"
-    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.wmt17_run", "prepare", "en-fr",
+    result = subprocess.run([sys.executable, "-m", "recipes.wmt17.run", "prepare", "en-fr",
                              "--raw-dir", str(raw), "--out", str(data), "--vocab-size", "100"],
                             env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,8 +42,7 @@ def prepare_toy_data(root):
 
 def train_transformer(data, save_dir, updates=3):
     """fairseq's transformer_iwslt_de_en with compare.py's training options, at toy sizes."""
-    sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
-    import compare
+    from recipes.bible import compare
 
     run_fairseq("fairseq-train", str(data / "data-bin"), "--task", "translation", "--source-lang", "en",
                 "--target-lang", "fr", *compare.MODELS["transformer"], *TINY_SIZES,
@@ -232,8 +230,7 @@ def test_fairseq_train_fine_tunes_the_converted_model(toy, tmp_path, how):
     --finetune-from-model starts the count and the optimizer afresh."""
     start = ["--restore-file", str(toy["converted"])] if how == "restore" else [
         "--finetune-from-model", str(toy["converted"])]
-    sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
-    import compare
+    from recipes.bible import compare
 
     result = run_fairseq("fairseq-train", str(toy["data"] / "data-bin"), "--user-dir", PLUGIN_DIR,
                          "--task", "translation", "--source-lang", "en", "--target-lang", "fr",
@@ -247,8 +244,8 @@ def test_fairseq_train_fine_tunes_the_converted_model(toy, tmp_path, how):
 
 
 def recipe(*argv):
-    """recipes/convert/run.py, as a user runs it."""
-    result = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "convert", "run.py"), *argv],
+    """python -m recipes.convert.run, as a user runs it."""
+    result = subprocess.run([sys.executable, "-m", "recipes.convert.run", *argv],
                             env=clean_env(), capture_output=True, text=True, cwd=REPO, timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result

@@ -1,5 +1,5 @@
 """transformer_memattn: the Transformer whose decoder reads a K-row memory
-(models/transformer_memattn.py), against the paper's equations, fairseq's own
+(models/transformer_memattn/), against the paper's equations, fairseq's own
 multi-head attention, incremental decoding, padding, alignments (by default in
 eval mode, SequenceGeneratorWithAlignment), half precision, beam search and the
 command lines (--fp16 on CPU; why not --bf16)."""

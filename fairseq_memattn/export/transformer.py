@@ -1,4 +1,4 @@
-"""ONNX graphs of ``transformer_memattn`` (models/transformer_memattn.py),
+"""ONNX graphs of ``transformer_memattn`` (models/transformer_memattn/),
 built from its submodules' weights.
 
 * encoder: src_tokens (B x S) -> fairseq's encoder -> the writes of Eq. 4-5

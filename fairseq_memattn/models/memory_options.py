@@ -55,19 +55,15 @@ def add_memory_args(parser):
     parser.add_argument("--memory-encoder-normalize", choices=ENCODER_NORMALIZATIONS,
                         help="axis of an encoder-side softmax: over the K contexts as in "
                              "Eq. 5 (contexts) or over source positions (time)")
-    # SUPPRESS so that an architecture's own default applies when neither is given.
-    parser.add_argument("--memory-position-encoding", action="store_true",
+    # --x and --no-x; SUPPRESS so that an architecture's own default applies when neither is given.
+    parser.add_argument("--memory-position-encoding", action=argparse.BooleanOptionalAction,
                         default=argparse.SUPPRESS,
-                        help="multiply Eq. 10 position encodings into the encoder scores")
-    parser.add_argument("--no-memory-position-encoding", dest="memory_position_encoding",
-                        action="store_false", default=argparse.SUPPRESS,
-                        help="turn position encodings off")
-    parser.add_argument("--memory-position-window", action="store_true", default=argparse.SUPPRESS,
+                        help="multiply Eq. 10 position encodings into the encoder scores (or not)")
+    parser.add_argument("--memory-position-window", action=argparse.BooleanOptionalAction,
+                        default=argparse.SUPPRESS,
                         help="add a learned soft window over the relative source position to each "
                              "context's write scores, context k starting around k/K of the sentence "
                              "(default: on for transformer_memattn's attention read, else off)")
-    parser.add_argument("--no-memory-position-window", dest="memory_position_window",
-                        action="store_false", default=argparse.SUPPRESS, help="turn the window off")
     parser.add_argument("--memory-position-max-len", type=positive_int, metavar="S",
                         help="S of Eq. 10, the longest source (tokens, EOS included) the position "
                              "encodings cover; default: the longest source of the training data, "

@@ -51,7 +51,7 @@ ATTENTION_TYPES = (
 class AlignmentSwitch:
     """For an ``nn.Module`` that keeps what alignments need (alpha of Eq. 4-5):
     whether to keep it, shared by the LSTM's attention and the Transformer's
-    encoder (``models/transformer_memattn.py``)."""
+    encoder (``models/transformer_memattn/encoder.py``)."""
 
     # None: the default below; True or False: make_generation_fast_'s (or the hub's) request.
     alignment_request: Optional[bool] = None

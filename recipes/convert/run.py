@@ -4,19 +4,19 @@
 transformer_memattn from scratch, at the same update totals. N is the transformer's update count;
 the totals are N + 2 %, 5 %, 10 %, 25 % of N (--fractions).
 
-    python recipes/convert/run.py convert --data DATA --source CHECKPOINTS/transformer/checkpoint_last.pt
-    OMP_NUM_THREADS=1 python recipes/convert/run.py train converted --data DATA   # fine-tune, all parameters
-    OMP_NUM_THREADS=1 python recipes/convert/run.py train converted --data DATA --write-only-updates U
-    OMP_NUM_THREADS=1 python recipes/convert/run.py train original --data DATA    # the transformer, continued
-    OMP_NUM_THREADS=1 python recipes/convert/run.py train scratch --data DATA     # transformer_memattn, window
-    python recipes/convert/run.py report --data DATA                              # OUT/table.md
+    python -m recipes.convert.run convert --data DATA --source CHECKPOINTS/transformer/checkpoint_last.pt
+    OMP_NUM_THREADS=1 python -m recipes.convert.run train converted --data DATA   # fine-tune, all parameters
+    OMP_NUM_THREADS=1 python -m recipes.convert.run train converted --data DATA --write-only-updates U
+    OMP_NUM_THREADS=1 python -m recipes.convert.run train original --data DATA    # the transformer, continued
+    OMP_NUM_THREADS=1 python -m recipes.convert.run train scratch --data DATA     # transformer_memattn, window
+    python -m recipes.convert.run report --data DATA                              # OUT/table.md
 
 ``train`` runs fairseq-train to each total in turn (one thread), resuming from the run's
 checkpoint_last.pt, and keeps checkpoint_TOTAL.pt; the converted and original runs start from the
 converted checkpoint and from a copy of the transformer's checkpoint_last.pt, so both keep its
 update count, learning-rate schedule, optimizer moments and data position. ``--write-only-updates
 U`` first trains only the write for U updates (the other parameters frozen), then everything.
-``report`` evaluates every checkpoint (test sacreBLEU and chrF with beam 5 via ``wmt17_run
+``report`` evaluates every checkpoint (test sacreBLEU and chrF with beam 5 via ``recipes.wmt17.run
 evaluate``, validation loss via fairseq-validate, decoding seconds) and times the original and the
 converted model on sources of --long-length tokens. Re-running any step skips what is done.
 Options this driver does not know go to fairseq-train (after compare.py's, so they override them).
@@ -35,9 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 WRITE_ONLY = os.path.join(HERE, "write_only")
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "recipes", "bible"))
-import compare  # noqa: E402
+from recipes.bible import compare
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.25)
 ORIGINAL, MEMORY = "transformer", "transformer_memattn_window"  # compare.MODELS: the source, the target
@@ -149,8 +147,8 @@ def validation_loss(checkpoint, data):
 
 
 def decode(checkpoint, data, out, extra=()):
-    """wmt17_run evaluate's result (beam 5) for the test split of DATA, written to OUT/score.json."""
-    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.wmt17_run", "evaluate", "en-fr", checkpoint,
+    """recipes.wmt17.run evaluate's result (beam 5) for the test split of DATA, written to OUT/score.json."""
+    result = subprocess.run([sys.executable, "-m", "recipes.wmt17.run", "evaluate", "en-fr", checkpoint,
                              "--data", data, "--gpus", "0", "--out", out, "--beam", "5", *extra],
                             capture_output=True, text=True, cwd=REPO)
     with open(os.path.join(out, "evaluate.log"), "w", encoding="utf-8") as f:
@@ -219,7 +217,7 @@ def time_long(checkpoint, long_data, out, length):
 
 
 def decode_tokens(log):
-    from fairseq_memattn.wmt17_run import decoding_stats
+    from recipes.wmt17.run import decoding_stats
 
     with open(log, encoding="utf-8") as f:
         return decoding_stats(f.read())[1]
@@ -254,16 +252,16 @@ def report(args):
 
 def write_table(args, updates, rows, long_rows):
     lines = [f"# Bible en-fr: a transformer trained for N = {updates} updates, converted to transformer_memattn",
-             "", "Test split (Romans), beam 5, sacreBLEU and chrF on detokenised text (`wmt17_run evaluate`); "
+             "", "Test split (Romans), beam 5, sacreBLEU and chrF on detokenised text (`recipes.wmt17.run evaluate`); "
              "validation loss (label-smoothed, as in training) by fairseq-validate; decoding seconds by "
              "fairseq-generate's timer, one thread. `original`: the transformer continued from its "
              "checkpoint_last.pt; `converted*`: fine-tuned from the conversion (all parameters, or the write "
              f"alone for its first U updates in `converted_writeU`); `scratch`: {MEMORY} from scratch. "
              "Made by:", "", "```bash",
-             f"python recipes/convert/run.py convert --data DATA --source {args.source}",
-             "OMP_NUM_THREADS=1 python recipes/convert/run.py train {converted,original,scratch} --data DATA "
+             f"python -m recipes.convert.run convert --data DATA --source {args.source}",
+             "OMP_NUM_THREADS=1 python -m recipes.convert.run train {converted,original,scratch} --data DATA "
              "--source SOURCE [--write-only-updates U]",
-             "python recipes/convert/run.py report --data DATA --source SOURCE", "```", "",
+             "python -m recipes.convert.run report --data DATA --source SOURCE", "```", "",
              "| model | updates | trained here | test BLEU | chrF | valid loss | valid nll | decoding s |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label, total, trained, score in rows:
@@ -284,7 +282,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("convert", "train", "report"))
     p.add_argument("run", nargs="?", choices=sorted(RUN_MODELS))
-    p.add_argument("--data", required=True, help="wmt17_run prepare's output directory")
+    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
     p.add_argument("--source", default=os.path.join(REPO, "checkpoints", "bible", ORIGINAL, "checkpoint_last.pt"),
                    help="the transformer's checkpoint (compare.py train transformer's checkpoint_last.pt)")
     p.add_argument("--work", default=os.path.join(REPO, "checkpoints", "bible", "convert"),

@@ -3,13 +3,9 @@ fairseq_memattn, plus every other parameter's gradient dropped as soon as it is 
 optimizer skips it (no step, no weight decay) while its parameter list and state keep the layout
 of a full run: fine-tuning continues from, and into, ordinary checkpoints."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
-import fairseq_memattn  # noqa: E402,F401  registers the models
-from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
-from fairseq_memattn.convert import MEMATTN_ARCH, WRITE_PREFIX  # noqa: E402
+import fairseq_memattn  # noqa: F401  registers the models
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq_memattn.convert import MEMATTN_ARCH, WRITE_PREFIX
 
 
 def drop_gradient(parameter):
