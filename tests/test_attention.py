@@ -7,7 +7,7 @@ import torch
 from conftest import attention_args, build_model, left_padded_batch, make_args
 
 from fairseq_memattn.modules.attention import MemoryAttention, build_attention
-from fairseq_memattn.modules.memory import position_encodings
+from fairseq_memattn.modules.memory import MemoryConfig, position_encodings
 
 
 def random_states(lengths, dim=6, seed=0):
@@ -48,8 +48,8 @@ def eq4_to_7_by_loops(attn, states, mask, query):
 @pytest.mark.parametrize("decoder_score", ["softmax", "sigmoid"])
 def test_memory_attention_matches_equations(encoder_score, decoder_score, normalize):
     torch.manual_seed(1)
-    attn = MemoryAttention(6, 5, num_contexts=4, encoder_score=encoder_score,
-                           decoder_score=decoder_score, encoder_normalize=normalize)
+    attn = MemoryAttention(6, 5, MemoryConfig(k=4, encoder_score=encoder_score, decoder_score=decoder_score,
+                                              encoder_normalize=normalize))
     states, mask = random_states([5, 3, 1])
     query = torch.randn(3, 2, 5)
     memory = attn.build_memory(states, mask)
@@ -61,7 +61,7 @@ def test_memory_attention_matches_equations(encoder_score, decoder_score, normal
 
 def test_memory_alignment_is_beta_times_alpha_transposed():
     torch.manual_seed(2)
-    attn = MemoryAttention(6, 5, num_contexts=3)
+    attn = MemoryAttention(6, 5, MemoryConfig(k=3))
     attn.keep_alignment = True
     states, mask = random_states([4, 2])
     query = torch.randn(2, 3, 5)
@@ -86,7 +86,7 @@ def test_position_encodings_by_hand():
 def test_position_encodings_multiply_encoder_scores():
     """Eq. 9: alpha_s = score(W_alpha h_s o l_s)."""
     torch.manual_seed(3)
-    attn = MemoryAttention(6, 5, num_contexts=2, position_encoding_max_len=4)
+    attn = MemoryAttention(6, 5, MemoryConfig(k=2, position_encoding=True, position_max_len=4))
     states, mask = random_states([3])
     alpha = attn.writer.encoder_scores(states, mask)
     pe = position_encodings(mask, 2, 4)
@@ -95,7 +95,7 @@ def test_position_encodings_multiply_encoder_scores():
 
 def test_padding_never_contributes_to_memory():
     torch.manual_seed(4)
-    attn = MemoryAttention(6, 5, num_contexts=3, encoder_score="sigmoid")
+    attn = MemoryAttention(6, 5, MemoryConfig(k=3, encoder_score="sigmoid"))
     states, mask = random_states([2, 4])
     garbage = states.clone()
     garbage[0, 2:] = 1e3  # padding positions of the first sentence

@@ -42,6 +42,7 @@ from conftest import PREV_OUTPUT, SOURCES, build_model, left_padded_batch
 
 from fairseq_memattn.modules.attention import (AdditiveAttention, DotAttention, GeneralAttention,
                                        LinearAttention, MemoryAttention, NoAttention)
+from fairseq_memattn.modules.memory import MemoryConfig
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 CONTENT = ("additive", "general", "dot", "scaled_dot")
@@ -181,7 +182,7 @@ def build_module(kind, seed, **memory_options):
         "general": lambda: GeneralAttention(E, H),
         "dot": lambda: DotAttention(E, H, scaled=False),
         "scaled_dot": lambda: DotAttention(E, H, scaled=True),
-        "memory": lambda: MemoryAttention(E, H, num_contexts=4, **memory_options),
+        "memory": lambda: MemoryAttention(E, H, MemoryConfig(k=4, **memory_options)),
         "linear": lambda: LinearAttention(E, H, gated=False),
         "gated_linear": lambda: LinearAttention(E, H, gated=True),
     }
@@ -220,8 +221,8 @@ def test_attention_matches_its_formula(kind):
 @pytest.mark.parametrize("window", [False, True])
 def test_memory_attention_matches_eq_4_to_10(encoder_score, decoder_score, normalize, max_len, window):
     options = dict(encoder_score=encoder_score, decoder_score=decoder_score,
-                   encoder_normalize=normalize, position_encoding_max_len=max_len,
-                   position_window=window)
+                   encoder_normalize=normalize, position_encoding=max_len is not None,
+                   position_max_len=max_len, position_window=window)
     attn = build_module("memory", seed=12, **options)
     check_against_reference("memory", attn, dict(encoder_score=encoder_score,
                                                  decoder_score=decoder_score,

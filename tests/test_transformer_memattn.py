@@ -27,6 +27,7 @@ from fairseq_memattn.models.transformer_memattn import (
     base_architecture,
     iwslt_de_en_architecture,
 )
+from fairseq_memattn.modules.memory import MemoryConfig
 from fairseq_memattn.modules.memory_reads import AttentionRead, MixRead
 
 # Decoder inputs without padding (BOS = EOS first), one row per source of SOURCES.
@@ -256,7 +257,7 @@ def test_mix_read_is_eq_6_7(decoder_score, group):
     """beta = score(W_beta h), c = sum_k beta_k C_k, output W_o c + b_o; the
     alignment is beta alpha^T; hypotheses sharing a row read that row."""
     torch.manual_seed(0)
-    read = MixRead(16, 16, num_contexts=3, decoder_score=decoder_score, memory_index=1)
+    read = MixRead(16, 16, MemoryConfig(k=3, decoder_score=decoder_score), memory_index=1)
     torch.nn.init.normal_(read.out_proj.bias)
     encoder_out = random_memory()
     query = torch.randn(4, 2 * group, 16)  # T x hypotheses x D: `group` per memory row

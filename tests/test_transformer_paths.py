@@ -17,6 +17,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from test_numerics import logits_and_gradients
 from test_transformer_memattn import PREV_OUTPUT, READ_AND_SHARING, TASK, build_transformer
 
+from fairseq_memattn.modules.memory import MemoryConfig
 from fairseq_memattn.modules.memory_reads import MemoryRead, MixRead
 
 # --- activation checkpointing --------------------------------------------------------
@@ -243,7 +244,7 @@ def test_mix_read_applies_attention_dropout_to_beta(dictionary):
     model = build_transformer(dictionary, memory_read="mix", attention_dropout=0.5)
     read = model.decoder.layers[0].encoder_attn
     assert isinstance(read, MixRead) and read.dropout_module.p == 0.5
-    plain = MixRead(16, 16, num_contexts=3, decoder_score="softmax", memory_index=0)
+    plain = MixRead(16, 16, MemoryConfig(k=3), memory_index=0)
     plain.load_state_dict(read.state_dict())
     memories, query = torch.randn(2, 1, 3, 16), torch.randn(4, 2, 16)
     expected, _ = plain(query, memories, memories)

@@ -441,10 +441,8 @@ def check_checkpoint_fits(checkpoint_state, model_state) -> None:
 def check_sizes(args):
     for name in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
                  "decoder_embed_dim", "decoder_hidden_size", "decoder_layers",
-                 "max_source_positions", "max_target_positions", "memory_position_max_len"):
+                 "max_source_positions", "max_target_positions"):  # the memory's: MemoryConfig
         value = getattr(args, name)
-        if name == "memory_position_max_len" and value is None:
-            continue
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
     if not 0.0 <= args.dropout < 1.0:

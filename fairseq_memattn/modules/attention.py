@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .memory import MemoryMix, MemoryWrite, source_alignment
+from .memory import MemoryConfig, MemoryMix, MemoryWrite, source_alignment
 from .numerics import check_choice, masked_fill_min, sum_of_products, widen
 
 Memory = Dict[str, Tensor]
@@ -215,21 +215,10 @@ class MemoryAttention(Attention):
     per source, and a read (:class:`memory.MemoryMix`, Eq. 6-7) mixes its rows
     at every decoder step, c = beta C, returned in float32 (see ``modules/memory.py``)."""
 
-    def __init__(
-        self,
-        encoder_dim: int,
-        decoder_dim: int,
-        num_contexts: int,
-        encoder_score: str = "softmax",
-        decoder_score: str = "softmax",
-        encoder_normalize: str = "contexts",
-        position_encoding_max_len: Optional[int] = None,
-        position_window: bool = False,
-    ):
+    def __init__(self, encoder_dim: int, decoder_dim: int, config: MemoryConfig):
         super().__init__()
-        self.writer = MemoryWrite(encoder_dim, num_contexts, encoder_score, encoder_normalize,
-                                  position_encoding_max_len, position_window)
-        self.read = MemoryMix(decoder_dim, num_contexts, decoder_score)
+        self.writer = MemoryWrite(encoder_dim, config)
+        self.read = MemoryMix(decoder_dim, config)
         self.context_dim = encoder_dim
 
     def build_memory(self, states, padding_mask):
@@ -292,21 +281,6 @@ class LinearAttention(Attention):
         return context, weights
 
 
-def position_encoding_length(args) -> Optional[int]:
-    """S of Eq. 10 from the command line, or None without position encodings.
-
-    The models fill S in from the training data (memory_options.fill_position_max_len)
-    before they get here; a caller that did not, gets an error rather than a
-    silent --max-source-positions, which would be a different model (Eq. 10
-    with S much longer than the sentences is nearly flat)."""
-    if not args.memory_position_encoding:
-        return None
-    if args.memory_position_max_len is None:
-        raise ValueError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
-                         "(the longest source, EOS included), or --no-memory-position-encoding")
-    return args.memory_position_max_len
-
-
 def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
     """Build the attention chosen by ``--attention-type`` and its options."""
     kind = args.attention_type
@@ -320,14 +294,5 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
     if kind in ("dot", "scaled_dot"):
         return DotAttention(encoder_dim, decoder_dim, scaled=kind == "scaled_dot")
     if kind == "memory":
-        return MemoryAttention(
-            encoder_dim,
-            decoder_dim,
-            num_contexts=args.memory_k,
-            encoder_score=args.memory_encoder_score,
-            decoder_score=args.memory_decoder_score,
-            encoder_normalize=args.memory_encoder_normalize,
-            position_encoding_max_len=position_encoding_length(args),
-            position_window=args.memory_position_window,
-        )
+        return MemoryAttention(encoder_dim, decoder_dim, MemoryConfig.from_options(args))
     return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")

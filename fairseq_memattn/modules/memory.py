@@ -15,6 +15,7 @@ with sigmoid scores neither sum is normalised, |c| <= K |S| max|s_t|, which at K
 """
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
@@ -28,6 +29,38 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 # Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
 # the paper); some implementations normalise each context over time instead.
 ENCODER_NORMALIZATIONS = ("contexts", "time")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory's options (Sec. 3), one field per ``--memory-*`` option of the same name, checked
+    here once however the model is built (the command line, the hub, Python)."""
+
+    k: int  # K, the number of attention contexts
+    encoder_score: str = "softmax"  # the scoring function of the write, Eq. 5
+    decoder_score: str = "softmax"  # and of the read, Eq. 7
+    encoder_normalize: str = "contexts"  # the axis of an encoder-side softmax
+    position_encoding: bool = False  # Eq. 8-10
+    position_max_len: Optional[int] = None  # S of Eq. 10
+    position_window: bool = False  # the learned soft window (window_scores)
+
+    def __post_init__(self):
+        for option, value in (("--memory-k", self.k), ("--memory-position-max-len", self.position_max_len)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"invalid {option}: {value!r} (must be an integer >= 1)")
+        check_choice("--memory-encoder-score", self.encoder_score, SCORE_FUNCTIONS)
+        check_choice("--memory-decoder-score", self.decoder_score, SCORE_FUNCTIONS)
+        check_choice("--memory-encoder-normalize", self.encoder_normalize, ENCODER_NORMALIZATIONS)
+        # No silent fallback to --max-source-positions: Eq. 10 with S much longer than the sentences
+        # is nearly flat, a different model. The models read S from the training data before this.
+        if self.position_encoding and self.position_max_len is None:
+            raise ValueError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
+                             "(the longest source, EOS included), or --no-memory-position-encoding")
+
+    @classmethod
+    def from_options(cls, options) -> "MemoryConfig":
+        """The config of a command line's ``--memory-*`` options (an argparse Namespace or a fairseq config)."""
+        return cls(**{name: getattr(options, "memory_" + name) for name in cls.__dataclass_fields__})
 
 
 def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] = None) -> Tensor:
@@ -109,27 +142,15 @@ class MemoryWrite(nn.Module):
     relative source position, each w_k starting at 1/K.
     """
 
-    def __init__(
-        self,
-        encoder_dim: int,
-        num_contexts: int,
-        encoder_score: str = "softmax",
-        encoder_normalize: str = "contexts",
-        position_encoding_max_len: Optional[int] = None,
-        position_window: bool = False,
-    ):
+    def __init__(self, encoder_dim: int, config: MemoryConfig):
         super().__init__()
-        if not isinstance(num_contexts, int) or num_contexts < 1:
-            raise ValueError(f"invalid --memory-k: {num_contexts!r} (must be an integer >= 1)")
-        check_choice("--memory-encoder-score", encoder_score, SCORE_FUNCTIONS)
-        check_choice("--memory-encoder-normalize", encoder_normalize, ENCODER_NORMALIZATIONS)
-        self.num_contexts = num_contexts
-        self.encoder_score = encoder_score
-        self.encoder_normalize = encoder_normalize
-        self.position_encoding_max_len = position_encoding_max_len
-        self.W_alpha = nn.Linear(encoder_dim, num_contexts, bias=False)  # Eq. 5
-        self.window_log_width = (nn.Parameter(torch.full((num_contexts,), -math.log(num_contexts)))
-                                 if position_window else None)
+        K = config.k
+        self.num_contexts = K
+        self.encoder_score = config.encoder_score
+        self.encoder_normalize = config.encoder_normalize
+        self.position_encoding_max_len = config.position_max_len if config.position_encoding else None
+        self.W_alpha = nn.Linear(encoder_dim, K, bias=False)  # Eq. 5
+        self.window_log_width = nn.Parameter(torch.full((K,), -math.log(K))) if config.position_window else None
 
     def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
         """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
@@ -188,11 +209,10 @@ class MemoryMix(nn.Module):
     hypotheses of one source can be passed as extra steps of its one memory row.
     """
 
-    def __init__(self, query_dim: int, num_contexts: int, decoder_score: str = "softmax"):
+    def __init__(self, query_dim: int, config: MemoryConfig):
         super().__init__()
-        check_choice("--memory-decoder-score", decoder_score, SCORE_FUNCTIONS)
-        self.decoder_score = decoder_score
-        self.W_beta = nn.Linear(query_dim, num_contexts, bias=False)  # Eq. 7
+        self.decoder_score = config.decoder_score
+        self.W_beta = nn.Linear(query_dim, config.k, bias=False)  # Eq. 7
 
     def read_weights(self, query: Tensor) -> Tensor:
         """beta: B x T x K (Eq. 7), in float32 or wider."""

@@ -20,7 +20,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
 from .beam_sharing import select_rows
-from .memory import MemoryMix, source_alignment
+from .memory import MemoryConfig, MemoryMix, source_alignment
 
 
 def group_tensor(group: int) -> Tensor:
@@ -225,9 +225,9 @@ class MixRead(MemoryRead, MemoryMix):
     name = "mix"
     memory_parts = ("value",)
 
-    def __init__(self, embed_dim, memory_dim, num_contexts, decoder_score, memory_index,
-                 dropout=0.0, q_noise=0.0, qn_block_size=8):
-        MemoryMix.__init__(self, embed_dim, num_contexts, decoder_score)
+    def __init__(self, embed_dim, memory_dim, config: MemoryConfig, memory_index, dropout=0.0, q_noise=0.0,
+                 qn_block_size=8):
+        MemoryMix.__init__(self, embed_dim, config)
         self.init_incremental_state()  # FairseqIncrementalState's, which the call above skips
         self.memory_index = memory_index
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
@@ -238,8 +238,8 @@ class MixRead(MemoryRead, MemoryMix):
 
     @classmethod
     def from_config(cls, cfg, embed_dim, memory_index, q_noise, qn_block_size):
-        return cls(embed_dim, cfg.encoder.embed_dim, cfg.memory_k, cfg.memory_decoder_score, memory_index,
-                   cfg.attention_dropout, q_noise, qn_block_size)
+        return cls(embed_dim, cfg.encoder.embed_dim, MemoryConfig.from_options(cfg), memory_index, cfg.attention_dropout, q_noise,
+                   qn_block_size)
 
     def project_memory(self, contexts: Tensor) -> Dict[str, Tensor]:
         # C W_o^T (B x K x D), through out_proj itself so that its quant-noise

@@ -7,9 +7,9 @@ import torch
 from fairseq.models.transformer import TransformerEncoderBase
 from torch import Tensor, nn
 
-from ...modules.attention import AlignmentSwitch, position_encoding_length
+from ...modules.attention import AlignmentSwitch
 from ...modules.beam_sharing import select_rows
-from ...modules.memory import MemoryWrite
+from ...modules.memory import MemoryConfig, MemoryWrite
 from ...modules.memory_reads import group_tensor
 
 logger = logging.getLogger(__name__)
@@ -36,10 +36,7 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         self.alignment_request = None  # an instance attribute, typed above, for TorchScript
         num_memories = cfg.decoder.layers if cfg.memory_per_layer else 1
         self.writers = nn.ModuleList(
-            MemoryWrite(cfg.encoder.embed_dim, cfg.memory_k, cfg.memory_encoder_score,
-                        cfg.memory_encoder_normalize, position_encoding_length(cfg),
-                        cfg.memory_position_window)
-            for _ in range(num_memories)
+            MemoryWrite(cfg.encoder.embed_dim, MemoryConfig.from_options(cfg)) for _ in range(num_memories)
         )
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,

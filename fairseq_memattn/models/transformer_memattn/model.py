@@ -130,10 +130,7 @@ def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
 
 def check_memory_options(args):
     """Clear errors, naming the value, for options the model cannot honour."""
-    check_choice("--memory-read", args.memory_read, READ_MODES)
-    length = args.memory_position_max_len
-    if length is not None and (not isinstance(length, int) or length < 1):
-        raise ValueError(f"invalid --memory-position-max-len: {length!r} (must be an integer >= 1)")
+    check_choice("--memory-read", args.memory_read, READ_MODES)  # the memory's own: MemoryConfig
     if args.cross_self_attention:
         raise ValueError("--cross-self-attention attends to the encoder states at every step; "
                          "memory attention reads only the K memory rows, so it cannot be combined")
