@@ -28,6 +28,7 @@ from .options import MAX_TOKENS, add_model_options, add_search_options, check_op
 from .translator import SourceError, SourceTooLong
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
+BATCHER = web.AppKey("batcher", "Batcher")
 
 
 class RequestError(ValueError):
@@ -169,6 +170,9 @@ class Server:
                 body = await request.json()
             except ValueError as error:
                 raise RequestError(400, f"the body is not JSON ({error})") from None
+            except web.HTTPRequestEntityTooLarge:
+                raise RequestError(413, f"the body is larger than the server's {request.client_max_size} bytes") \
+                    from None
             sources, beam, nbest, alignment = self.parse(body)
             results = await self.batcher.translate(sources, beam, alignment) if sources else []
         except RequestError as error:
@@ -196,7 +200,7 @@ def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.
                     web.get("/info", server.info)])
     app.on_startup.append(batcher.start)
     app.on_cleanup.append(batcher.stop)
-    app["batcher"] = batcher
+    app[BATCHER] = batcher
     return app
 
 
