@@ -9,8 +9,8 @@
     GET  /health     -> {"status": "ok"}
     GET  /info       -> the model's config.json and the server's limits
 
-Requests arriving within --batch-window-ms of the first waiting one are decoded together (up to
---max-tokens padded source tokens per batch) on one worker thread, so the event loop keeps
+Requests waiting, and those arriving within --batch-window-ms of the first, are decoded together
+(up to --max-tokens source tokens per batch) on one worker thread, so the event loop keeps
 answering. Waiting requests are bounded by --queue-size: beyond it a request gets 503 at once.
 Malformed requests get 400, sources longer than the model or --max-tokens 413.
 """
@@ -48,9 +48,9 @@ class Job:
 
 
 class Batcher:
-    """Requests queued as they arrive and decoded together on one worker thread: those arriving
-    within ``window`` seconds of the first waiting one, up to ``max_tokens`` source tokens, make a
-    batch; requests with the same beam and alignment share ``translate_ids`` calls."""
+    """Requests queued as they arrive and decoded together on one worker thread: those waiting
+    and those arriving within ``window`` seconds of the first, up to ``max_tokens`` source tokens,
+    make a batch; requests with the same beam and alignment share ``translate_ids`` calls."""
 
     def __init__(self, translator, options: dict, window: float, max_tokens: int, queue_size: int):
         self.translator, self.options = translator, options
@@ -73,9 +73,12 @@ class Batcher:
         while True:
             jobs = [await self.queue.get()]
             deadline = loop.time() + self.window
-            while sum(job.tokens for job in jobs) < self.max_tokens and loop.time() < deadline:
+            while sum(job.tokens for job in jobs) < self.max_tokens:
+                if not self.queue.empty():  # those that came while the last batch was decoded
+                    jobs.append(self.queue.get_nowait())
+                    continue
                 try:
-                    jobs.append(await asyncio.wait_for(self.queue.get(), deadline - loop.time()))
+                    jobs.append(await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time())))
                 except asyncio.TimeoutError:
                     break
             try:
