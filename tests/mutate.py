@@ -60,6 +60,10 @@ MUTATIONS = {
                           "np.concatenate([run[i] for run in runs], axis=1)",
                           "the translator's encoder runs joined on the wrong axis",
                           EXPORT_TESTS + "test_encoder_runs_on_slices_of_a_batch"),
+    "max-len-batch": (DEPLOY, 'self.max_len((src_tokens != self.config["source_pad"]).sum(axis=1),',
+                      "self.max_len(np.full(bsz, src_tokens.shape[1]),",
+                      "each source's maximum length from its batch's padded width, not its own tokens",
+                      EXPORT_TESTS + "test_a_source_does_not_depend_on_its_batch"),
 }
 
 

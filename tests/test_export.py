@@ -291,13 +291,14 @@ def test_a_source_does_not_depend_on_its_batch(trained):
     """Each source's maximum length counts its own tokens, not the batch's padded width."""
     _, folder = trained("attention")
     translator = Translator(str(folder), threads=1)
-    short, long = [7, 5, 2], [4, 5, 6, 7, 8, 9, 10, 11, 2]
+    source = translator.src_dict.encode("3 1 4 1 5 9 2 6 5")
+    longer = translator.src_dict.encode("3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 2")
     options = dict(beam=3, max_len_a=1, max_len_b=2)
-    alone = translator.translate_ids([short], **options)[0]
-    beside = translator.translate_ids([short, long], **options)[0]
+    alone = translator.translate_ids([source], **options)[0]
+    beside = translator.translate_ids([source, longer], **options)[0]
+    assert {len(h["tokens"]) for h in alone} == {len(source) + 2 + 1}  # ended by its maximum length, EOS included
     assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in beside]
     assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in beside], abs=1e-5)
-    assert max(len(h["tokens"]) for h in alone) <= 1 * len(short) + 2 + 1  # its own limit, EOS included
 
 
 def test_batches_by_tokens():
