@@ -37,12 +37,18 @@ setup(
                       "matplotlib>=3.6"],
     entry_points={"console_scripts": ["fairseq-memattn-plot = fairseq_memattn.plot:main",
                                       "fairseq-memattn-export = fairseq_memattn.export:main",
-                                      "fairseq-memattn-convert = fairseq_memattn.convert:main"]},
+                                      "fairseq-memattn-convert = fairseq_memattn.convert:main",
+                                      "fairseq-memattn-translate = fairseq_memattn.deploy.__main__:main",
+                                      "fairseq-memattn-serve = fairseq_memattn.deploy.serve:main"]},
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.
         "ve-fairseq": ["ve-fairseq==0.12.3"],
         "test": ["pytest", "pytest-xdist", "filelock", "hypothesis"],
         # fairseq-memattn-export and fairseq_memattn.deploy (ONNX Runtime); never needed for training.
+        # The translator alone needs numpy, onnxruntime and sentencepiece: docs/deploying.md installs
+        # it with --no-deps, without torch and fairseq.
         "deploy": ["onnx", "onnxruntime"],
+        # fairseq-memattn-serve, the HTTP server over the translator.
+        "serve": ["aiohttp>=3.9"],
     },
 )

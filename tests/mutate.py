@@ -19,8 +19,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION = "fairseq_memattn/modules/attention.py"
 MEMORY = "fairseq_memattn/modules/memory.py"
 READS = "fairseq_memattn/modules/memory_reads.py"
+DEPLOY = "fairseq_memattn/deploy/translator.py"
+FAST_TIER = '-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests'
+# The exported models' tests train models, so they are in the full suite only: run just them.
+EXPORT_TESTS = "-x -q -p no:cacheprovider tests/test_export.py -k "
 
-# name: (file, what the library says, the bug, what the bug is)
+# name: (file, what the library says, the bug, what the bug is[, what pytest runs: default the fast tier])
 MUTATIONS = {
     "tanh": (ATTENTION, "hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))",
              "hidden = (projected_query.unsqueeze(2) + keys.unsqueeze(1))",
@@ -48,6 +52,17 @@ MUTATIONS = {
              "gated linear attention's gate without the states (u_t = sigmoid(W s_t + b))"),
     "alignment-transpose": (MEMORY, "alpha_t = alpha.transpose(1, 2)", "alpha_t = alpha.flip(1).transpose(1, 2)",
                             "the alignment beta alpha^T (Sec. 5) with the source reversed"),
+    "unkpen-sign": (DEPLOY, "lprobs[:, self.unk] -= unk_penalty", "lprobs[:, self.unk] += unk_penalty",
+                    "the translator's unknown-word penalty with its sign flipped",
+                    EXPORT_TESTS + "test_unknown_word_penalty"),
+    "encoder-runs-axis": (DEPLOY, "np.concatenate([run[i] for run in runs], axis=0)",
+                          "np.concatenate([run[i] for run in runs], axis=1)",
+                          "the translator's encoder runs joined on the wrong axis",
+                          EXPORT_TESTS + "test_encoder_runs_on_slices_of_a_batch"),
+    "max-len-batch": (DEPLOY, 'self.max_len((src_tokens != self.config["source_pad"]).sum(axis=1),',
+                      "self.max_len(np.full(bsz, src_tokens.shape[1]),",
+                      "each source's maximum length from its batch's padded width, not its own tokens",
+                      EXPORT_TESTS + "test_a_source_does_not_depend_on_its_batch"),
 }
 
 
@@ -64,19 +79,20 @@ def apply(path, old, new):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(MUTATIONS), help="these mutations (default all)")
-    p.add_argument("--pytest-args", default='-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests',
-                   help="what pytest runs against each mutation (default: the fast tier, stopping at the "
-                        "first failure)")
+    p.add_argument("--pytest-args", help="what pytest runs against each mutation (default: the mutation's own "
+                                          "tests if it names them, else the fast tier, stopping at the first "
+                                          "failure)")
     p.add_argument("--repo", default=REPO, help="the tree to mutate and test (default this one)")
     args = p.parse_args()
     rows = []
     for name in args.only or MUTATIONS:
-        relative, old, new, what = MUTATIONS[name]
+        relative, old, new, what, *tests = MUTATIONS[name]
+        pytest_args = args.pytest_args or (tests[0] if tests else FAST_TIER)
         path = os.path.join(args.repo, relative)
         original = apply(path, old, new)
         start = time.monotonic()
         try:
-            result = subprocess.run(f"{sys.executable} -m pytest {args.pytest_args}", shell=True, cwd=args.repo,
+            result = subprocess.run(f"{sys.executable} -m pytest {pytest_args}", shell=True, cwd=args.repo,
                                     capture_output=True, text=True)
         finally:
             with open(path, "w", encoding="utf-8") as f:

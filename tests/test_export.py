@@ -2,7 +2,8 @@
 ONNX Runtime against fairseq's own eager model, and the translator's beam
 search against fairseq-generate (same tokens, scores within 1e-4) on tiny
 copy-task models trained by fairseq-train. Skipped without onnxruntime
-(the optional extra ``deploy``)."""
+(the optional extra ``deploy``). The command line and the server:
+test_deploy.py, on the models ``trained`` makes here."""
 
 import os
 import re
@@ -12,13 +13,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import PLUGIN_DIR, REPO, clean_env
+from conftest import PLUGIN_DIR, REPO, clean_env, once_per_run
 from conftest import run_fairseq as run
 
 pytest.importorskip("onnx", reason="the export needs the optional extra 'deploy' (onnx)")
 pytest.importorskip("onnxruntime", reason="the translator needs the optional extra 'deploy' (onnxruntime)")
 
-from fairseq_memattn.deploy import Translator, batches_by_tokens  # noqa: E402
+from fairseq_memattn.deploy import SourceError, SourceTooLong, Translator, batches_by_tokens  # noqa: E402
 from fairseq_memattn.export import ExportError, export  # noqa: E402
 
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10", "--copy-train-size", "640",
@@ -51,18 +52,23 @@ def train(folder, flags):
     return folder / "checkpoint_best.pt"
 
 
+def train_and_export(folder, name):
+    checkpoint = train(folder, VARIANTS[name])
+    export(str(checkpoint), str(folder / "onnx"))
+    return checkpoint, folder / "onnx"
+
+
+_made = {}  # by variant, for every module that imports ``trained``
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
-    """Checkpoint and float32 export of each variant, made on first use."""
-    made = {}
+    """Checkpoint and float32 export of each variant, made on first use, once per pytest run."""
 
     def get(name):
-        if name not in made:
-            folder = tmp_path_factory.mktemp(name)
-            checkpoint = train(folder, VARIANTS[name])
-            export(str(checkpoint), str(folder / "onnx"))
-            made[name] = checkpoint, folder / "onnx"
-        return made[name]
+        if name not in _made:
+            _made[name] = once_per_run(tmp_path_factory, f"export-{name}", lambda f: train_and_export(f, name))
+        return _made[name]
 
     return get
 
@@ -106,13 +112,35 @@ def test_translator_equals_fairseq_generate(trained, variant):
 
 @pytest.mark.slow
 def test_max_len_a_and_unnormalized_scores(trained):
-    """--max-len-a counts the batch's padded source length, as in fairseq: one source per batch on both sides."""
+    """--max-len-a counts each source's own tokens: the translator's batches give fairseq-generate's
+    hypotheses of one source per batch."""
     checkpoint, folder = trained("attention")
     options = ["--beam", "3", "--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "2", "--min-len", "1",
                "--unnormalized", "--batch-size", "1"]
     expected, _ = generate(checkpoint, *options)
     assert_same_as_generate(Translator(str(folder), threads=1), expected, beam=3, max_len_a=0.5, max_len_b=2,
-                            min_len=1, normalize_scores=False, batch_size=1)
+                            min_len=1, normalize_scores=False, batch_size=8)
+
+
+@pytest.mark.slow
+def test_unknown_word_penalty(trained):
+    """A negative --unkpen makes <unk> likely enough to appear in fairseq-generate's hypotheses."""
+    checkpoint, folder = trained("attention")
+    expected, out = generate(checkpoint, *SEARCH, "--unkpen=-2", "--batch-size", "8")
+    assert re.search(r"^H-\d+\t\S+\t.*<unk>", out, re.M), "no <unk> in fairseq-generate's hypotheses"
+    assert_same_as_generate(Translator(str(folder), threads=1), expected, beam=4, lenpen=0.6, min_len=2,
+                            max_len_a=0, max_len_b=11, unk_penalty=-2, batch_size=8)
+
+
+@pytest.mark.slow
+def test_encoder_runs_on_slices_of_a_batch(trained):
+    """A batch of more sources than one encoder run holds: the runs' outputs joined in order."""
+    checkpoint, folder = trained("attention")
+    expected, _ = generate(checkpoint, *SEARCH, "--batch-size", "8")
+    translator = Translator(str(folder), threads=1)
+    translator.encoder_tokens_per_run = 30  # 3 sources of the batch's width (at most 9) per run
+    assert_same_as_generate(translator, expected, beam=4, lenpen=0.6, min_len=2, max_len_a=0, max_len_b=11,
+                            batch_size=8)
 
 
 @pytest.mark.slow
@@ -246,13 +274,31 @@ def test_translator_reports_bad_folder_and_options(trained, tmp_path):
         Translator(str(tmp_path))
     _, folder = trained("attention")
     translator = Translator(str(folder))
-    with pytest.raises(ValueError, match=r"invalid --min-len: 5 \(the maximum length for this batch is 3"):
-        translator.translate_ids([[4, 2]], min_len=5, max_len_b=3)
-    with pytest.raises(ValueError, match=r"invalid --max-tokens: 2 \(the longest source has 3 tokens\)"):
+    with pytest.raises(SourceError, match=r"source 1: invalid --min-len: 5 \(the maximum length for this source "
+                                          r"is 4: raise --max-len-a/--max-len-b\)"):
+        translator.translate_ids([[4, 4, 4, 4, 2], [4, 2]], min_len=5, max_len_a=0.5, max_len_b=3)
+    with pytest.raises(SourceTooLong, match=r"source 0: 3 tokens \(EOS included\), more than --max-tokens 2"):
         translator.translate_ids([[4, 5, 2]], max_tokens=2)
+    with pytest.raises(SourceTooLong, match="more than the model's maximum of 1024"):
+        translator.translate_ids([[4] * 1024 + [2]])
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.deploy", str(folder), "--nbest", "6"],
                             input="1\n", env=clean_env(), cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 2 and "error: invalid --nbest: 6 (must be <= --beam 5)" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_source_does_not_depend_on_its_batch(trained):
+    """Each source's maximum length counts its own tokens, not the batch's padded width."""
+    _, folder = trained("attention")
+    translator = Translator(str(folder), threads=1)
+    source = translator.src_dict.encode("3 1 4 1 5 9 2 6 5")
+    longer = translator.src_dict.encode("3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 2")
+    options = dict(beam=3, max_len_a=1, max_len_b=2)
+    alone = translator.translate_ids([source], **options)[0]
+    beside = translator.translate_ids([source, longer], **options)[0]
+    assert {len(h["tokens"]) for h in alone} == {len(source) + 2 + 1}  # ended by its maximum length, EOS included
+    assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in beside]
+    assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in beside], abs=1e-5)
 
 
 def test_batches_by_tokens():

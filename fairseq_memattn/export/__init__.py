@@ -106,7 +106,7 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     if spm:
         shutil.copyfile(spm, os.path.join(out, "spm.model"))
     config.update({
-        "format": FORMAT_VERSION, "quantize": quantize,
+        "format_version": FORMAT_VERSION, "quantize": quantize,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
         "source_pad": src_dict.pad(), "source_eos": src_dict.eos(),
         "max_source_positions": int(model.max_positions()[0]),

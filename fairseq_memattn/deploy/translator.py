@@ -1,16 +1,16 @@
-"""Translate with a model exported by ``fairseq_memattn.export``, on ONNX Runtime.
+"""Beam search over a model exported by ``fairseq-memattn-export``, on ONNX Runtime.
 
 ``Translator(folder)`` runs the exported encoder once per batch and the
 decoder step once per output position, with fairseq's beam search
 (``SequenceGenerator``: the same candidates, finalisation, length penalty,
 ``--min-len``, ``--max-len-a/b``, ``--unkpen``, ``--nbest``), so on float32
-it returns fairseq-generate's hypotheses and scores. What the encoder
-derives from a source (the memory, projected once per source) stays at one
-row per source for all its hypotheses, as ``modules/beam_sharing.py`` keeps
-it in fairseq; only the decoder's own state is reordered per hypothesis:
-the LSTM's h and c, or for the Transformer each hypothesis's list of slots
-in a self-attention cache that is written once and never moved
-(``SelfAttentionCache``).
+it returns the hypotheses and scores (natural log) of fairseq's
+SequenceGenerator run on each source alone. What the encoder derives from a
+source (the memory, projected once per source) stays at one row per source
+for all its hypotheses, as ``modules/beam_sharing.py`` keeps it in fairseq;
+only the decoder's own state is reordered per hypothesis: the LSTM's h and c,
+or for the Transformer each hypothesis's list of slots in a self-attention
+cache (``SelfAttentionCache``).
 
 Alignments (``alignment=True``): the soft alignment of target step i over the
 source is beta_i alpha^T (Sec. 5), beta_i the read weights of the last decoder
@@ -18,24 +18,33 @@ layer over the K rows and alpha the write weights of Eq. 4-5; the hard one
 takes each target token's most attended source token, as fairseq's
 ``utils.extract_hard_alignment``.
 
-Command line, like fairseq-interactive (raw text in, detokenized text out):
-
-    python -m fairseq_memattn.deploy FOLDER [--beam 5] [--nbest 1] [--lenpen 1] \\
-        [--max-tokens 4096] [--print-alignment] < input.txt
-
-sentencepiece is applied when FOLDER has spm.model or with
-``--bpe sentencepiece --sentencepiece-model PATH``.
+Needs numpy and onnxruntime only: neither torch nor fairseq.
 """
 
-import argparse
 import json
 import os
-import sys
 from typing import Dict, List, Optional
 
 import numpy as np
 
 NEG_INF = np.float32(-np.inf)
+# config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
+FORMAT_VERSIONS = (1,)
+CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
+               "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
+               "max_target_positions")
+
+
+class ModelFolderError(ValueError):
+    """An exported model folder that is incomplete or unreadable; the message names the file."""
+
+
+class SourceError(ValueError):
+    """A source that cannot be translated with the given limits (an impossible --min-len)."""
+
+
+class SourceTooLong(SourceError):
+    """A source longer than the model's positions or the batch's --max-tokens."""
 
 
 def require_onnxruntime():
@@ -44,6 +53,43 @@ def require_onnxruntime():
     except ImportError:
         raise ImportError('the translator needs onnxruntime: pip install "fairseq_memattn[deploy]"') from None
     return onnxruntime
+
+
+def read_config(folder: str) -> dict:
+    """config.json of an exported model, checked for its format version and the keys the translator reads."""
+    if not os.path.isdir(folder):
+        raise ModelFolderError(f"not an exported model folder (no such folder): {folder}")
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise ModelFolderError(f"not an exported model folder (no config.json): {folder}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelFolderError(f"{path}: not readable as JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ModelFolderError(f"{path}: not a JSON object")
+    version = config.get("format_version")
+    if version not in FORMAT_VERSIONS:
+        found = "no format_version" if version is None else f"format_version {version!r}"
+        raise ModelFolderError(f"{path}: {found}, this translator reads format_version "
+                               f"{', '.join(map(str, FORMAT_VERSIONS))} (export the model again with this "
+                               f"version of fairseq-memattn-export)")
+    missing = [key for key in CONFIG_KEYS if key not in config]
+    if missing:
+        raise ModelFolderError(f"{path}: missing key {', '.join(map(repr, missing))}")
+    return config
+
+
+def load_session(ort, path: str, options, providers):
+    """An ONNX Runtime session of one exported graph; a missing or unreadable file is named."""
+    if not os.path.isfile(path):
+        raise ModelFolderError(f"{path}: no such file (the folder's export is incomplete)")
+    try:
+        return ort.InferenceSession(path, options, providers=providers)
+    except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelFolderError(f"{path}: not a readable ONNX graph ({reason})") from None
 
 
 class Dictionary:
@@ -78,13 +124,13 @@ class Dictionary:
 class Translator:
     """Beam search over an exported model; see the module docstring."""
 
+    # padded source tokens per encoder run: the self-attention's scores grow with rows x |S|^2,
+    # and smaller runs stay in cache
+    encoder_tokens_per_run = 8192
+
     def __init__(self, folder: str, threads: Optional[int] = None, providers=None):
+        self.config = read_config(folder)
         ort = require_onnxruntime()
-        config_path = os.path.join(folder, "config.json")
-        if not os.path.isfile(config_path):
-            raise ValueError(f"not an exported model folder (no config.json): {folder}")
-        with open(config_path) as f:
-            self.config = json.load(f)
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -92,8 +138,8 @@ class Translator:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
         self.ort = ort
-        self.encoder = ort.InferenceSession(os.path.join(folder, "encoder.onnx"), options, providers=providers)
-        self.decoder = ort.InferenceSession(os.path.join(folder, "decoder.onnx"), options, providers=providers)
+        self.encoder = load_session(ort, os.path.join(folder, "encoder.onnx"), options, providers)
+        self.decoder = load_session(ort, os.path.join(folder, "decoder.onnx"), options, providers)
         self.decoder_outputs = [o.name for o in self.decoder.get_outputs()]
         self.src_dict = Dictionary(os.path.join(folder, "dict.source.txt"))
         self.tgt_dict = Dictionary(os.path.join(folder, "dict.target.txt"))
@@ -102,16 +148,37 @@ class Translator:
         c = self.config
         self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
 
+    # --- each source's limits ----------------------------------------------------------
+
+    def max_len(self, source_len, max_len_a: float, max_len_b: int):
+        """fairseq's max_len_a * |x| + max_len_b (|x| counts EOS), within the decoder's positions;
+        |x| is the source's own length, as SequenceGenerator has it for a batch of one."""
+        limit = (max_len_a * np.asarray(source_len) + max_len_b).astype(np.int64)
+        return np.minimum(limit, self.config["max_target_positions"] - 1)
+
+    def check_source(self, source: List[int], max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
+                     max_tokens: Optional[int] = None) -> None:
+        """Raises SourceTooLong or SourceError for a source (token ids ending in EOS) these limits
+        cannot translate."""
+        limit = self.config["max_source_positions"]
+        if len(source) > limit:
+            raise SourceTooLong(f"{len(source)} tokens (EOS included), more than the model's maximum of {limit}")
+        if max_tokens is not None and len(source) > max_tokens:
+            raise SourceTooLong(f"{len(source)} tokens (EOS included), more than --max-tokens {max_tokens}")
+        max_len = int(self.max_len(len(source), max_len_a, max_len_b))
+        if min_len > max_len:
+            raise SourceError(f"invalid --min-len: {min_len} (the maximum length for this source is {max_len}: "
+                              f"raise --max-len-a/--max-len-b)")
+
     # --- the model's two graphs --------------------------------------------------
 
-    def encode(self, src_tokens: np.ndarray, tokens_per_run: int = 8192) -> Dict[str, np.ndarray]:
-        """The encoder's outputs, run on slices of at most ``tokens_per_run`` padded tokens: the
-        self-attention's scores grow with rows x |S|^2, and smaller runs stay in cache."""
+    def encode(self, src_tokens: np.ndarray) -> Dict[str, np.ndarray]:
+        """The encoder's outputs, run on slices of at most ``encoder_tokens_per_run`` padded tokens."""
         names = [o.name for o in self.encoder.get_outputs()]
-        rows = max(1, tokens_per_run // src_tokens.shape[1])
+        rows = max(1, self.encoder_tokens_per_run // src_tokens.shape[1])
         runs = [self.encoder.run(None, {"src_tokens": src_tokens[start: start + rows]})
                 for start in range(0, len(src_tokens), rows)]
-        return {name: np.concatenate([run[i] for run in runs]) for i, name in enumerate(names)}
+        return {name: np.concatenate([run[i] for run in runs], axis=0) for i, name in enumerate(names)}
 
     def initial_state(self, encoded: Dict[str, np.ndarray], hypotheses: int) -> Dict[str, np.ndarray]:
         """The decoder's state before the first step, one row per hypothesis."""
@@ -158,16 +225,20 @@ class Translator:
                  normalize_scores: bool = True, alignment: bool = False) -> List[List[dict]]:
         """Hypotheses (best first, ``beam`` of them) for a batch of padded
         sources (B x S int64, each ending in EOS), as SequenceGenerator.generate
-        returns them: dicts of tokens (EOS last), score, positional_scores and,
-        with ``alignment``, attention (T x |x|: every target token over its
-        source's tokens) and alignment (hard pairs (source, target), EOS excluded)."""
+        returns them for each source alone: dicts of tokens (EOS last), score,
+        positional_scores (natural log) and, with ``alignment``, attention
+        (T x |x|: every target token over its source's tokens) and alignment
+        (hard pairs (source, target), EOS excluded). Each source's maximum length
+        counts its own tokens, not the batch's padded width."""
         beam = min(beam, len(self.tgt_dict) - 1)  # as SequenceGenerator clamps it
         src_tokens = self.padded_as_exported(np.asarray(src_tokens, dtype=np.int64))
-        bsz, src_len = src_tokens.shape
-        max_len = min(int(max_len_a * src_len + max_len_b), self.config["max_target_positions"] - 1)
-        if min_len > max_len:
-            raise ValueError(f"invalid --min-len: {min_len} (the maximum length for this batch is {max_len}: "
-                             f"raise --max-len-a/--max-len-b)")
+        bsz = len(src_tokens)
+        max_lens = self.max_len((src_tokens != self.config["source_pad"]).sum(axis=1), max_len_a, max_len_b)
+        if min_len > max_lens.min():
+            row = int(max_lens.argmin())
+            raise SourceError(f"invalid --min-len: {min_len} (the maximum length for source {row} is "
+                              f"{max_lens[row]}: raise --max-len-a/--max-len-b)")
+        max_len = int(max_lens.max())
         encoded = self.encode(src_tokens)
         ort_value = self.ort.OrtValue.ortvalue_from_numpy
         memory_rows = {name: encoded[name] for name in self.config["memory_outputs"]}
@@ -195,9 +266,11 @@ class Translator:
             lprobs[np.isnan(lprobs)] = NEG_INF
             lprobs[:, self.pad] = NEG_INF
             lprobs[:, self.unk] -= unk_penalty
-            if step >= max_len:
-                lprobs[:, : self.eos] = NEG_INF
-                lprobs[:, self.eos + 1:] = NEG_INF
+            at_max_len = np.repeat(max_lens[sentence_ids] <= step, beam)  # only EOS is left to them
+            if at_max_len.any():
+                eos_lprobs = lprobs[at_max_len, self.eos]
+                lprobs[at_max_len] = NEG_INF
+                lprobs[at_max_len, self.eos] = eos_lprobs
             if step < min_len:
                 lprobs[:, self.eos] = NEG_INF
             if reads is not None:
@@ -220,7 +293,7 @@ class Translator:
             if top_eos.any():
                 finalized_sents = self._finalize(
                     step, cand_bbsz_idx[:, :beam][top_eos], cand_scores[:, :beam][top_eos], tokens, scores,
-                    reads, finalized, finished, sentence_ids, beam, max_len, lenpen, normalize_scores)
+                    reads, finalized, finished, sentence_ids, beam, max_lens, lenpen, normalize_scores)
                 remaining -= len(finalized_sents)
             if remaining == 0:
                 break
@@ -272,9 +345,10 @@ class Translator:
         return np.ascontiguousarray(np.take_along_axis(src_tokens, order, axis=1))
 
     def _finalize(self, step, bbsz_idx, eos_scores, tokens, scores, reads, finalized, finished, sentence_ids,
-                  beam, max_len, lenpen, normalize_scores):
+                  beam, max_lens, lenpen, normalize_scores):
         """SequenceGenerator.finalize_hypos: the hypotheses ending in EOS at
-        ``step``; returns the rows of the sentences that now have ``beam``."""
+        ``step``; returns the rows of the sentences that now have ``beam`` or
+        reached their maximum length."""
         tokens_clone = tokens[bbsz_idx, 1: step + 2].copy()
         tokens_clone[:, step] = self.eos
         pos_scores = scores[bbsz_idx, : step + 1].copy()
@@ -294,7 +368,7 @@ class Translator:
         newly_finished = []
         for row in np.unique(unfin_idx):
             sent = sentence_ids[row]
-            if not finished[sent] and (len(finalized[sent]) == beam or step == max_len):
+            if not finished[sent] and (len(finalized[sent]) == beam or step == max_lens[sent]):
                 finished[sent] = True
                 newly_finished.append(int(row))
         return newly_finished
@@ -321,12 +395,14 @@ class Translator:
                       batch_size: Optional[int] = None, **options) -> List[List[dict]]:
         """Hypotheses for each source (token ids ending in EOS), batched by
         length as fairseq does: sources sorted by length, batches of at most
-        ``max_tokens`` padded source tokens and ``batch_size`` sources."""
-        limit = self.config["max_source_positions"]
+        ``max_tokens`` padded source tokens and ``batch_size`` sources. A
+        source's hypotheses do not depend on the other sources."""
+        limits = {key: options[key] for key in ("max_len_a", "max_len_b", "min_len") if key in options}
         for i, source in enumerate(sources):
-            if len(source) > limit:
-                raise ValueError(f"source {i} has {len(source)} tokens (EOS included), more than the model's "
-                                 f"maximum of {limit}")
+            try:
+                self.check_source(source, max_tokens=max_tokens, **limits)
+            except SourceError as error:
+                raise type(error)(f"source {i}: {error}") from None
         results = [None] * len(sources)
         for batch in batches_by_tokens([len(s) for s in sources], max_tokens, batch_size):
             width = max(len(sources[i]) for i in batch)
@@ -354,9 +430,10 @@ def best_first(scores: np.ndarray, k: int) -> np.ndarray:
 
 class SelfAttentionCache:
     """Each decoder layer's self-attention keys and values of every position decoded so far
-    (export/transformer._cached_self_attention), written once and never moved: position t of the
+    (export/transformer._cached_self_attention), written once per position: position t of the
     hypothesis in row j is slot t * rows + j, and beam search reorders each hypothesis's list of
-    slots (``history``), N x t integers, instead of N x t x D floats per layer and step."""
+    slots (``history``), N x t integers, not the buffers. The decoder graph still gathers each
+    hypothesis's N x t x D keys and values from its slots, per layer and step."""
 
     def __init__(self, layers: List[dict], rows: int, steps: int, ort_value):
         self.rows = rows
@@ -397,96 +474,3 @@ def batches_by_tokens(lengths: List[int], max_tokens: Optional[int], batch_size:
         width = new_width
     if batch:
         yield batch
-
-
-class SentencePiece:
-    """fairseq's --bpe sentencepiece: pieces joined by spaces in, and back out."""
-
-    def __init__(self, path: str):
-        import sentencepiece
-
-        self.model = sentencepiece.SentencePieceProcessor(model_file=path)
-
-    def encode(self, line: str) -> str:
-        return " ".join(self.model.encode(line, out_type=str))
-
-    @staticmethod
-    def decode(line: str) -> str:
-        return line.replace(" ", "").replace("\u2581", " ").strip()
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_memattn.deploy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="a folder written by fairseq-memattn-export")
-    p.add_argument("--input", default="-", help="file to translate (default: standard input)")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--nbest", type=int, default=1)
-    p.add_argument("--lenpen", type=float, default=1.0)
-    p.add_argument("--unkpen", type=float, default=0.0)
-    p.add_argument("--unnormalized", action="store_true", help="do not divide scores by length^lenpen")
-    p.add_argument("--min-len", type=int, default=1)
-    p.add_argument("--max-len-a", type=float, default=0.0)
-    p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--max-tokens", type=int, help="padded source tokens per batch")
-    p.add_argument("--batch-size", type=int, help="sources per batch")
-    p.add_argument("--print-alignment", action="store_true", help="print A- lines (beta alpha^T, hard)")
-    p.add_argument("--bpe", choices=["sentencepiece"], help="default: sentencepiece if the folder has spm.model")
-    p.add_argument("--sentencepiece-model", help="default: the folder's spm.model")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
-    p.add_argument("--plain", action="store_true", help="print only the best detokenized hypothesis per line")
-    args = p.parse_args(argv)
-    for name in ("beam", "nbest", "max_tokens", "batch_size", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"invalid --{name.replace('_', '-')}: {value} (must be >= 1)")
-    if args.nbest > args.beam:
-        p.error(f"invalid --nbest: {args.nbest} (must be <= --beam {args.beam})")
-    if args.min_len < 0:
-        p.error(f"invalid --min-len: {args.min_len} (must be >= 0)")
-    if args.sentencepiece_model and args.bpe != "sentencepiece":
-        p.error("--sentencepiece-model needs --bpe sentencepiece")
-    return p, args
-
-
-def main(argv=None):
-    parser, args = parse_args(argv)
-    try:
-        translator = Translator(args.model, threads=args.threads)
-    except (ValueError, ImportError, OSError) as error:
-        parser.error(str(error))
-    spm_path = args.sentencepiece_model or (translator.sentencepiece_model if args.bpe in (None, "sentencepiece")
-                                            else None)
-    if args.bpe == "sentencepiece" and not spm_path:
-        parser.error(f"--bpe sentencepiece needs --sentencepiece-model (no spm.model in {args.model})")
-    bpe = SentencePiece(spm_path) if spm_path else None
-    stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
-    lines = [line.rstrip("\n") for line in stream]
-    pieces = [bpe.encode(line) if bpe else line for line in lines]
-    sources = [translator.src_dict.encode(p) for p in pieces]
-    try:
-        results = translator.translate_ids(
-            sources, max_tokens=args.max_tokens, batch_size=args.batch_size, beam=args.beam, lenpen=args.lenpen,
-            max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len, unk_penalty=args.unkpen,
-            normalize_scores=not args.unnormalized, alignment=args.print_alignment)
-    except ValueError as error:
-        parser.error(str(error))
-    for i, (line, source, hypotheses) in enumerate(zip(lines, pieces, results)):
-        if not args.plain:
-            print(f"S-{i}\t{source}")
-        for hypothesis in hypotheses[: args.nbest]:
-            text = translator.tgt_dict.string(hypothesis["tokens"])
-            detok = bpe.decode(text) if bpe else text
-            if args.plain:
-                print(detok)
-                break
-            score = hypothesis["score"] / np.log(2)  # fairseq-interactive prints base-2 scores
-            print(f"H-{i}\t{score}\t{text}")
-            print(f"D-{i}\t{score}\t{detok}")
-            print(f"P-{i}\t" + " ".join(f"{s / np.log(2):.4f}" for s in hypothesis["positional_scores"]))
-            if args.print_alignment:
-                print(f"A-{i}\t" + " ".join(f"{s}-{t}" for s, t in hypothesis["alignment"]))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,66 @@
+"""Command-line options shared by the translator and the server: the model, its text processing
+and the search; errors a user can fix end on one argparse line."""
+
+import argparse
+
+from .text import TextCodec
+from .translator import Translator
+
+# Padded source tokens per batch. The decoder's state and self-attention cache grow with
+# sources x beam x maximum length; 1024 tokens are a few dozen sentences of ordinary length.
+MAX_TOKENS = 1024
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a folder written by fairseq-memattn-export")
+    p.add_argument("--bpe", choices=["sentencepiece"], help="default: sentencepiece if the folder has spm.model")
+    p.add_argument("--sentencepiece-model", help="default: the folder's spm.model")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+
+
+def add_search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--unkpen", type=float, default=0.0)
+    p.add_argument("--unnormalized", action="store_true", help="do not divide scores by length^lenpen")
+    p.add_argument("--min-len", type=int, default=1)
+    p.add_argument("--max-len-a", type=float, default=0.0, help="with --max-len-b: each output's maximum length "
+                   "is a * (its source's tokens, EOS included) + b")
+    p.add_argument("--max-len-b", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                   help=f"padded source tokens per batch (default {MAX_TOKENS}); a longer line is refused")
+
+
+def check_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"invalid --{name.replace('_', '-')}: {value} (must be >= 1)")
+
+
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    check_positive(p, args, "beam", "max_tokens", "threads")
+    if args.min_len < 0:
+        p.error(f"invalid --min-len: {args.min_len} (must be >= 0)")
+    if args.sentencepiece_model and args.bpe != "sentencepiece":
+        p.error("--sentencepiece-model needs --bpe sentencepiece")
+
+
+def search_options(args: argparse.Namespace) -> dict:
+    """Translator.generate's keyword arguments for the options add_search_options defines (beam aside)."""
+    return dict(lenpen=args.lenpen, max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
+                unk_penalty=args.unkpen, normalize_scores=not args.unnormalized)
+
+
+def load(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """The translator and the text codec the options name."""
+    try:
+        translator = Translator(args.model, threads=args.threads)
+        spm = args.sentencepiece_model or (translator.sentencepiece_model if args.bpe in (None, "sentencepiece")
+                                           else None)
+        if args.bpe == "sentencepiece" and not spm:
+            p.error(f"--bpe sentencepiece needs --sentencepiece-model (no spm.model in {args.model})")
+        codec = TextCodec(translator.src_dict, translator.tgt_dict, spm)
+    except (ValueError, ImportError, OSError) as error:
+        p.error(str(error))
+    return translator, codec

@@ -1,0 +1,50 @@
+"""Raw text to source token ids and hypotheses back to text, as fairseq-interactive with
+``--bpe sentencepiece`` does it."""
+
+import os
+from typing import List, Optional, Tuple
+
+from .translator import Dictionary
+
+
+class SentencePiece:
+    """fairseq's --bpe sentencepiece: pieces joined by spaces in, and back out."""
+
+    def __init__(self, path: str):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ImportError("--bpe sentencepiece needs the sentencepiece package: pip install sentencepiece") \
+                from None
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: no such sentencepiece model")
+        try:
+            self.model = sentencepiece.SentencePieceProcessor(model_file=path)
+        except (OSError, RuntimeError) as error:
+            raise ValueError(f"{path}: not a readable sentencepiece model ({error})") from None
+
+    def encode(self, line: str) -> str:
+        return " ".join(self.model.encode(line, out_type=str))
+
+    @staticmethod
+    def decode(line: str) -> str:
+        return line.replace(" ", "").replace("\u2581", " ").strip()
+
+
+class TextCodec:
+    """A model's dictionaries with its sentencepiece model, if any."""
+
+    def __init__(self, src_dict: Dictionary, tgt_dict: Dictionary, sentencepiece_model: Optional[str] = None):
+        self.src_dict, self.tgt_dict = src_dict, tgt_dict
+        self.bpe = SentencePiece(sentencepiece_model) if sentencepiece_model else None
+
+    def source(self, line: str) -> Tuple[str, List[int]]:
+        """The line as fairseq-interactive's S- line shows it (unknown words as <unk>) and its
+        token ids, EOS last."""
+        ids = self.src_dict.encode(self.bpe.encode(line) if self.bpe else line)
+        return self.src_dict.string(ids), ids
+
+    def target(self, tokens) -> Tuple[str, str]:
+        """A hypothesis's tokens as pieces (fairseq's H- line) and as detokenized text (D-)."""
+        pieces = self.tgt_dict.string(tokens)
+        return pieces, self.bpe.decode(pieces) if self.bpe else pieces
