@@ -353,3 +353,18 @@ def test_beam_larger_than_the_vocabulary_is_clamped_as_fairseq_does(trained):
     clamped, largest_beam = (translator.translate_ids([[4, 5, 2]], beam=beam)[0] for beam in (500, largest))
     assert len(clamped) == largest
     assert [(list(h["tokens"]), h["score"]) for h in clamped] == [(list(h["tokens"]), h["score"]) for h in largest_beam]
+
+
+def test_every_unsupported_option_is_named_at_once():
+    from types import SimpleNamespace
+
+    from fairseq_memattn.export.transformer import check_supported
+
+    attention = SimpleNamespace(bias_k=None, add_zero_attn=True)
+    layer = SimpleNamespace(self_attn=attention)
+    model = SimpleNamespace(encoder=SimpleNamespace(layers=[layer], quant_noise=None),
+                            decoder=SimpleNamespace(layers=[layer], quant_noise=None, adaptive_softmax=object()))
+    with pytest.raises(ValueError) as error:
+        check_supported(model)
+    assert str(error.value) == ("the export does not support --adaptive-softmax-cutoff, attention with "
+                                "add_bias_kv/add_zero_attn: export a model trained without them")

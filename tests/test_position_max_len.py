@@ -72,7 +72,7 @@ def test_copy_task_sets_s_and_decoding_keeps_the_trained_s(runs):
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"copy_max_len": 3 * COPY_MAX_LEN})
     assert task.cfg.copy_max_len == 3 * COPY_MAX_LEN
-    assert model.encoder.attention.position_encoding_max_len == COPY_MAX_LEN + 1
+    assert model.encoder.attention.writer.position_encoding_max_len == COPY_MAX_LEN + 1
     assert model.max_positions()[0] == COPY_MAX_LEN + 1
 
 

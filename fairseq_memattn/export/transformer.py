@@ -33,8 +33,9 @@ def positions_table(embed_positions, count: int) -> np.ndarray:
 
 
 def check_supported(model) -> None:
-    """One error naming the first option the graphs do not implement."""
+    """One error naming every option of the model that the graphs do not implement."""
     encoder, decoder = model.encoder, model.decoder
+    attentions = [layer.self_attn for layer in (*encoder.layers, *decoder.layers)]
     options = [
         ("--adaptive-softmax-cutoff", getattr(decoder, "adaptive_softmax", None) is not None),
         ("--scale-attn/--scale-fc/--scale-heads/--scale-resids (NormFormer)",
@@ -42,13 +43,12 @@ def check_supported(model) -> None:
              for layer in decoder.layers for name in ("attn_ln", "ffn_layernorm", "c_attn", "w_resid"))),
         ("--quant-noise-scalar", encoder.quant_noise is not None or decoder.quant_noise is not None),
         ("--alibi", getattr(decoder, "alibi", None) is not None),
+        ("attention with add_bias_kv/add_zero_attn", any(a.bias_k is not None or a.add_zero_attn for a in attentions)),
     ]
-    for name, used in options:
-        if used:
-            raise ValueError(f"the export does not support {name}: export a model trained without it")
-    attentions = [layer.self_attn for layer in (*encoder.layers, *decoder.layers)]
-    if any(a.bias_k is not None or a.add_zero_attn for a in attentions):
-        raise ValueError("the export does not support attention with add_bias_kv/add_zero_attn")
+    unsupported = [name for name, used in options if used]
+    if unsupported:
+        raise ValueError(f"the export does not support {', '.join(unsupported)}: export a model trained "
+                         f"without {'it' if len(unsupported) == 1 else 'them'}")
 
 
 def _embed(g: Graph, tokens: str, module, positions: str):
