@@ -53,6 +53,33 @@ def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
 
 
+class CheckpointError(ValueError):
+    """A file that is not a readable fairseq checkpoint; the message names it."""
+
+
+def read_checkpoint(path: str, data: Optional[str] = None) -> dict:
+    """The state fairseq saved in ``path`` (its loader: args or cfg, old formats upgraded), with
+    ``--data`` overridden when given; a one-line CheckpointError for a missing or unreadable file."""
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides={"data": data} if data else None)
+        state["cfg"]["model"]
+    except Exception as error:
+        if not looks_like_torch_save(path):
+            raise CheckpointError(f"cannot read {path} as a fairseq checkpoint (not a file written by torch.save)")
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise CheckpointError(f"cannot read {path} as a fairseq checkpoint ({type(error).__name__}: {reason})")
+    return state
+
+
+def architecture(model_cfg) -> str:
+    """The --arch a checkpoint's model config was trained with."""
+    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
+
+
 _REFUSED = "Weights only load failed"
 SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars and numeric arrays"
 

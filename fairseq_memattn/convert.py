@@ -22,8 +22,9 @@ import logging
 import os
 import re
 import sys
-import zipfile
 from typing import Dict, List, Optional
+
+from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +65,10 @@ def parse_memory_options(argv: List[str], prog: str) -> Dict[str, object]:
 
 def load_source(path: str, data: Optional[str] = None) -> dict:
     """The checkpoint's state (fairseq's loader: args or cfg, old formats upgraded)."""
-    from fairseq import checkpoint_utils
-
-    if not os.path.isfile(path):
-        raise ConvertError(f"checkpoint not found: {path}")
     try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides={"data": data} if data else None)
-        state["cfg"]["model"]
-    except Exception as error:
-        if not zipfile.is_zipfile(path):
-            raise ConvertError(f"cannot read {path} as a fairseq checkpoint (not a file written by torch.save)")
-        reason = str(error).splitlines()[0] if str(error) else ""
-        raise ConvertError(f"cannot read {path} as a fairseq checkpoint ({type(error).__name__}: {reason})")
-    return state
-
-
-def architecture(model_cfg) -> str:
-    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
+        return read_checkpoint(path, data)
+    except CheckpointError as error:
+        raise ConvertError(str(error)) from None
 
 
 def check_source_architecture(model_cfg, path: str) -> None:

@@ -28,32 +28,24 @@ class ExportError(ValueError):
     """A checkpoint or option the export cannot handle; the message says which."""
 
 
-def _architecture(cfg) -> str:
-    model_cfg = cfg["model"]
-    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
-
-
 def load_checkpoint(path: str, data: str = None):
     """(model in eval mode, task) from a fairseq checkpoint of this plugin, or ExportError."""
     import fairseq_memattn  # noqa: F401  registers the models and tasks
     from fairseq import checkpoint_utils
-
-    if not os.path.isfile(path):
-        raise ExportError(f"checkpoint not found: {path}")
-    overrides = {"data": data} if data else None
-    try:
-        # The overrides go in here: given state=, load_model_ensemble_and_task does not apply them.
-        state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
-        cfg = state["cfg"]
-        arch = _architecture(cfg)
-    except Exception as error:
-        raise ExportError(f"cannot read {path} as a fairseq checkpoint "
-                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
+    from ..checkpoint_safety import CheckpointError, architecture, read_checkpoint
     from ..models.lstm_memattn import MemAttnLSTMModel
     from ..models.transformer_memattn import MemAttnTransformerModel
 
+    overrides = {"data": data} if data else None
+    try:
+        # --data goes in here: given state=, load_model_ensemble_and_task does not apply the overrides.
+        state = read_checkpoint(path, data)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from None
+    cfg = state["cfg"]
+    arch = architecture(cfg["model"])
     model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
     if model_class not in (MemAttnTransformerModel, MemAttnLSTMModel):
         raise ExportError(f"unsupported model {arch!r} in {path}: the export supports {SUPPORTED}")
