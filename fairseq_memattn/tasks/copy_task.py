@@ -32,27 +32,39 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class CopyTaskConfig(FairseqDataclass):
-    copy_max_len: int = field(default=50, metadata={"help": "L: lengths are uniform in 0..L"})
-    copy_vocab_size: int = field(default=20, metadata={"help": "number of symbols"})
-    copy_train_size: int = field(default=100_000, metadata={"help": "training examples"})
-    copy_valid_size: int = field(default=1_000, metadata={"help": "validation examples"})
-    copy_test_size: int = field(default=1_000, metadata={"help": "test examples"})
+class CopyTaskOptions(FairseqDataclass):
+    """The options argparse takes as fairseq generates them from a dataclass."""
+
     copy_reverse: bool = field(default=False, metadata={"help": "target is the reversed source"})
     copy_seed: int = field(default=1, metadata={"help": "seed of the data (not of training)"})
     max_source_positions: int = field(default=1024, metadata={"help": "max source length"})
     max_target_positions: int = field(default=1024, metadata={"help": "max target length"})
 
 
-SIZE_MINIMUMS = {"--copy-max-len": 0, "--copy-vocab-size": 1, "--copy-train-size": 1,
-                 "--copy-valid-size": 1, "--copy-test-size": 1}
+@dataclass
+class CopyTaskConfig(CopyTaskOptions):
+    """The task's config: the options above and the sizes, whose ranges argparse checks
+    (``add_copy_task_args``) and check_config repeats for a config built in Python."""
+
+    copy_max_len: int = field(default=50, metadata={"help": "L: lengths are uniform in 0..L"})
+    copy_vocab_size: int = field(default=20, metadata={"help": "number of symbols"})
+    copy_train_size: int = field(default=100_000, metadata={"help": "training examples"})
+    copy_valid_size: int = field(default=1_000, metadata={"help": "validation examples"})
+    copy_test_size: int = field(default=1_000, metadata={"help": "test examples"})
 
 
-def add_size_checks(parser) -> None:
-    """argparse checks the sizes of the options gen_parser_from_dataclass added (a one-line
-    error before anything runs); check_config repeats them for a config built in Python."""
-    for option, minimum in SIZE_MINIMUMS.items():
-        parser._option_string_actions[option].type = integer_at_least(minimum)
+SIZE_MINIMUMS = {"copy_max_len": 0, "copy_vocab_size": 1, "copy_train_size": 1, "copy_valid_size": 1,
+                 "copy_test_size": 1}
+
+
+def add_copy_task_args(parser) -> None:
+    """The task's options, the sizes with a type that refuses a value out of range (argparse's
+    one-line error, before anything runs)."""
+    gen_parser_from_dataclass(parser, CopyTaskOptions())
+    for name, minimum in SIZE_MINIMUMS.items():
+        size = CopyTaskConfig.__dataclass_fields__[name]
+        parser.add_argument("--" + name.replace("_", "-"), type=integer_at_least(minimum), default=size.default,
+                            help=size.metadata["help"])
 
 
 def check_config(cfg) -> None:
@@ -107,8 +119,7 @@ class CopyTask(FairseqTask):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
-        add_size_checks(parser)
+        add_copy_task_args(parser)
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -181,8 +192,7 @@ def main(argv=None):
                     "(the same examples --task copy_task generates with the same options)."
     )
     parser.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{src,tgt}")
-    gen_parser_from_dataclass(parser, CopyTaskConfig())
-    add_size_checks(parser)
+    add_copy_task_args(parser)
     args = parser.parse_args(argv)
     cfg = CopyTaskConfig(**{k: v for k, v in vars(args).items() if k in CopyTaskConfig.__dataclass_fields__})
     try:
