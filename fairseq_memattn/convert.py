@@ -25,12 +25,12 @@ import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
+from .models.transformer_memattn.model import WRITE_PREFIX  # the only parameters the source lacks
 
 logger = logging.getLogger(__name__)
 
 MEMATTN_ARCH = "transformer_memattn"
 SOURCE_MODEL = "transformer"  # fairseq's registered model name, whatever the --arch
-WRITE_PREFIX = "encoder.writers."  # the write's parameters: the only ones the source lacks
 MEMORY_OPTION = re.compile(r"--(no-)?memory-[a-z-]+")
 # extra_state entries that describe the source model's training, not the converted model's
 SOURCE_ONLY_STATE = ("best", "val_loss", "ema", "ema_fp32_params")

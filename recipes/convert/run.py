@@ -34,7 +34,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-WRITE_ONLY = os.path.join(HERE, "write_only")
 from recipes.bible import compare
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.25)
@@ -116,7 +115,7 @@ def train(args):
         snapshot = os.path.join(folder, f"checkpoint_{total}.pt")
         if os.path.isfile(snapshot):
             continue
-        extra = [*args.extra, "--user-dir", WRITE_ONLY] if write_only else args.extra
+        extra = [*args.extra, "--memory-train-write-only"] if write_only else args.extra
         stage = argparse.Namespace(out=os.path.join(args.out, run), checkpoints=os.path.join(args.work, run),
                                    model=RUN_MODELS[args.run], data=args.data, max_update=total,
                                    seed=args.seed, extra=extra)

@@ -26,6 +26,7 @@ from .encoder import MemAttnTransformerEncoder
 logger = logging.getLogger(__name__)
 
 READ_MODES = tuple(READS)
+WRITE_PREFIX = "encoder.writers."  # the parameters of the write (Eq. 4-5)
 
 
 @register_model("memattn_transformer")
@@ -50,6 +51,10 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         parser.add_argument("--memory-per-layer", action="store_true",
                             help="write one memory per decoder layer (a W_alpha each) "
                                  "instead of one shared by all layers")
+        parser.add_argument("--memory-train-write-only", action="store_true",
+                            help="train only the write (Eq. 4-5), e.g. first when fine-tuning a converted "
+                                 "transformer: the other parameters' gradients are dropped, so the optimizer "
+                                 "leaves them as they are while its state keeps the layout of a full run")
 
     @classmethod
     def build_model(cls, args, task):
@@ -62,7 +67,12 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
             if getattr(args, name, None) is None:
                 setattr(args, name, default)
         fill_position_max_len(args, task)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        if getattr(args, "memory_train_write_only", False):
+            for name, parameter in model.named_parameters():
+                if not name.startswith(WRITE_PREFIX):
+                    parameter.register_post_accumulate_grad_hook(drop_gradient)
+        return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's, with the pruning of --encoder-layers-to-keep and
@@ -92,6 +102,10 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return MemAttnTransformerDecoder(TransformerConfig.from_namespace(cfg), tgt_dict, embed_tokens)
+
+
+def drop_gradient(parameter):
+    parameter.grad = None  # fairseq's optimizers skip a parameter without a gradient
 
 
 def keep_layers(state_dict, cfg, writers_follow_decoder: bool):
