@@ -275,6 +275,8 @@ def test_recipe_converts_trains_and_reports_at_toy_size(toy, tmp_path):
                   "| converted | 5 | 2 |", "| converted_write1 | 5 | 2 |", "| original | 5 | 2 |", "| scratch | 5 | 5 |"):
         assert label in table, table
     assert table.count("| transformer (the source) |") == 2 and "| converted | 5 |" in table
+    long_rows = table[table.index("Long inputs"):].splitlines()[-2:]
+    assert all(row.split("|")[4].strip().isdigit() for row in long_rows), long_rows  # output tokens counted
 
     logs = sorted(out.glob("*/*/train.log"))
     sizes = [log.stat().st_size for log in logs]

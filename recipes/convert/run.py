@@ -208,18 +208,10 @@ def time_long(checkpoint, long_data, out, length):
         score = decode(checkpoint, long_data, out, [
             "--max-source-positions", positions, "--max-target-positions", positions,
             "--model-overrides", repr({"max_source_positions": length + 2, "max_target_positions": length + 2})])
-        score["output_tokens"] = decode_tokens(os.path.join(out, "evaluate.log"))
         with open(score_file, "w", encoding="utf-8") as f:
             json.dump(score, f)
     with open(score_file, encoding="utf-8") as f:
         return json.load(f)
-
-
-def decode_tokens(log):
-    from recipes.wmt17.run import decoding_stats
-
-    with open(log, encoding="utf-8") as f:
-        return decoding_stats(f.read())[1]
 
 
 def report_rows(args, updates):

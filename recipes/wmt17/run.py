@@ -281,7 +281,7 @@ def main(argv: List[str] = None):
               "model's limit and scored as empty hypotheses")
     print(f"decoding time: {result['decoding_seconds']} s for {result['sentences']} sentences "
           f"(fairseq-generate's timer, without model setup and data loading; mean of {result['runs']} runs)")
-    print(json.dumps({k: result[k] for k in ("bleu", "sentences", "missing", "decoding_seconds")}))
+    print(json.dumps({k: result[k] for k in ("bleu", "sentences", "missing", "decoding_seconds", "output_tokens")}))
 
 
 if __name__ == "__main__":
