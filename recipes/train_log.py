@@ -7,6 +7,13 @@ import re
 from datetime import datetime
 
 
+def finished(code, log_text: str) -> bool:
+    """Whether a fairseq-train run finished, from its exit code and what it logged: exit 0, or "done
+    training" logged before a failed exit (fairseq-train now and then aborts in its teardown,
+    "terminate called without an active exception", after its checkpoints are written)."""
+    return code == 0 or (code is not None and "fairseq_cli.train | done training in" in log_text)
+
+
 def read_train_log(path):
     """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
     how training stopped ("converged": --patience; "cap": --max-update; "time": --stop-time-hours;

@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from recipes.bible import compare
+from recipes.train_log import finished
 
 PAIRS = {"transformer": "transformer_memattn", "lstm_att": "lstm_memattn"}  # baseline: memory model
 MODELS = {
@@ -96,10 +97,8 @@ def trained(code, log_path):
     """Whether a fairseq-train run finished: exit 0, or "done training" logged before a failed exit
     (fairseq-train now and then aborts in its teardown, "terminate called without an active
     exception", after its checkpoints are written)."""
-    if code == 0:
-        return True
     with open(log_path, encoding="utf-8") as f:
-        return code is not None and "fairseq_cli.train | done training in" in f.read()
+        return finished(code, f.read())
 
 
 def smoke(args, stage, work):
