@@ -64,7 +64,7 @@ def run_fairseq(tool, *args, cwd=None, stdin=None, check=True):
     result = subprocess.run([os.path.join(BIN, tool), *args], cwd=cwd, env=clean_env(),
                             input=stdin, capture_output=True, text=True, timeout=1800)
     if (tool == "fairseq-train" and result.returncode == -6 and TEARDOWN_ABORT in result.stderr
-            and "fairseq_cli.train | done training in" in result.stderr):
+            and "fairseq_cli.train | done training in" in result.stdout + result.stderr):
         result.returncode = 0
     if check:
         assert result.returncode == 0, f"{tool} failed:\n{result.stderr[-3000:]}"
