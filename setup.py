@@ -35,11 +35,8 @@ setup(
     # sacremoses: undoing the tokenisation and truecasing of the WMT'17 preprocessed corpora.
     install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses",
                       "matplotlib>=3.6"],
-    entry_points={"console_scripts": ["fairseq-memattn-plot = fairseq_memattn.plot:main",
-                                      "fairseq-memattn-export = fairseq_memattn.export:main",
-                                      "fairseq-memattn-convert = fairseq_memattn.convert:main",
-                                      "fairseq-memattn-translate = fairseq_memattn.deploy.__main__:main",
-                                      "fairseq-memattn-serve = fairseq_memattn.deploy.serve:main"]},
+    entry_points={"console_scripts": [f"fairseq-memattn-{tool} = fairseq_memattn.cli.{tool}:main" for tool in
+                                      ("plot", "score", "export", "convert", "translate", "serve")]},
     extras_require={
         # fairseq's upstream main (0.12.3) built for CPython 3.11/3.12.
         "ve-fairseq": ["ve-fairseq==0.12.3"],

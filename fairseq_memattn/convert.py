@@ -1,6 +1,5 @@
-"""Convert a trained fairseq ``transformer`` into a ``transformer_memattn``:
-
-    python -m fairseq_memattn.convert CHECKPOINT OUT.pt --memory-k K [memory options] [--data DIR] [--force]
+"""Convert a trained fairseq ``transformer`` into a ``transformer_memattn``
+(``fairseq-memattn-convert``, ``fairseq_memattn.cli.convert``).
 
 The two models share every weight but the write (Eq. 4-5): embeddings, positions, encoder
 layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
@@ -20,8 +19,6 @@ import argparse
 import copy
 import logging
 import os
-import re
-import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
@@ -31,36 +28,12 @@ logger = logging.getLogger(__name__)
 
 MEMATTN_ARCH = "transformer_memattn"
 SOURCE_MODEL = "transformer"  # fairseq's registered model name, whatever the --arch
-MEMORY_OPTION = re.compile(r"--(no-)?memory-[a-z-]+")
 # extra_state entries that describe the source model's training, not the converted model's
 SOURCE_ONLY_STATE = ("best", "val_loss", "ema", "ema_fp32_params")
 
 
 class ConvertError(ValueError):
     """A checkpoint or option the conversion cannot take; the message names it."""
-
-
-class RaisingParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are raised, for the caller's own one-line report."""
-
-    def error(self, message):
-        raise ConvertError(message)
-
-
-def parse_memory_options(argv: List[str], prog: str) -> Dict[str, object]:
-    """The ``--memory-*`` options given in ``argv``, parsed (and checked) by
-    ``transformer_memattn``'s own command-line parser: {dest: value}."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    others = [a for a in argv if a.startswith("-") and not MEMORY_OPTION.fullmatch(a.split("=")[0])]
-    if others:
-        raise ConvertError(f"unrecognized arguments: {' '.join(others)} (only --memory-* options "
-                           f"of {MEMATTN_ARCH} are taken)")
-    # SUPPRESS: only the options given end up in the namespace
-    parser = RaisingParser(prog=prog, argument_default=argparse.SUPPRESS, add_help=False)
-    ARCH_MODEL_REGISTRY[MEMATTN_ARCH].add_args(parser)
-    given = vars(parser.parse_args(argv))
-    return {name: value for name, value in given.items() if name.startswith("memory_")}
 
 
 def load_source(path: str, data: Optional[str] = None) -> dict:
@@ -250,35 +223,7 @@ def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: 
     save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fairseq-memattn-convert", allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="memory options: those of fairseq-train --arch transformer_memattn (--memory-k, "
-               "--memory-encoder-score, --memory-encoder-normalize, --[no-]memory-position-window, "
-               "--[no-]memory-position-encoding, --memory-position-max-len, --memory-per-layer)")
-    parser.add_argument("checkpoint", help="a fairseq transformer checkpoint")
-    parser.add_argument("out", help="where to write the transformer_memattn checkpoint")
-    parser.add_argument("--data", help="the folder with the task's dictionaries, if not where the "
-                                       "checkpoint was trained")
-    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    return parser
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    import fairseq_memattn  # noqa: F401  registers the models; allows fairseq checkpoints in torch.load
-
-    logging.basicConfig(format="%(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
-    parser = build_parser()
-    args, memory_argv = parser.parse_known_args(argv)
-    try:
-        options = parse_memory_options(memory_argv, parser.prog)
-        if "memory_k" not in options:
-            raise ConvertError("the following arguments are required: --memory-k")
-        convert(args.checkpoint, args.out, options, args.data, args.force)
-    except ConvertError as error:
-        parser.error(str(error))
-    print(f"wrote {args.out}")
-
-
 if __name__ == "__main__":
+    from .cli.convert import main
+
     main()

@@ -1,8 +1,5 @@
-"""Attention figures from trained checkpoints: the paper's Figs. 6-8.
-
-    python -m fairseq_memattn.plot --user-dir fairseq_memattn --task copy_task --copy-max-len 20 \\
-        --path ckpt/checkpoint_best.pt --gen-subset test --example-id 3 --min-len 0 \\
-        --output attention.png
+"""Attention figures from trained checkpoints: the paper's Figs. 6-8 (``fairseq-memattn-plot``,
+``fairseq_memattn.cli.plot``, draws them from the command line).
 
 Takes fairseq-generate's options (task and data, --path, --beam, ...), decodes one example of
 --gen-subset (or a --sentence) with fairseq's SequenceGenerator and draws, with source tokens on
@@ -25,11 +22,8 @@ Several checkpoints (--path a.pt:b.pt:...) are decoded one by one, not as an ens
 side by side (Fig. 6's four scoring functions). The file type follows --output's extension.
 """
 
-import logging
 import math
 import os
-import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -39,9 +33,7 @@ import torch
 from .modules.attention import MemoryAttention, NoAttention
 from .modules.memory import MemoryWrite
 
-logger = logging.getLogger("fairseq_memattn.plot")
 
-PROG = "python -m fairseq_memattn.plot"
 CELL_INCHES = 0.2  # side of one token's cell in the main panels
 MAIN_PANEL_INCHES = (2.5, 11.0)  # smallest and largest side of a main panel
 CONTEXT_PANEL_INCHES = (1.1, 2.2)
@@ -449,160 +441,8 @@ def save(fig, path: str, dpi: int) -> None:
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser():
-    from fairseq import options
-
-    parser = options.get_generation_parser(default_task="translation")
-    parser.prog = PROG
-    group = parser.add_argument_group("Plot (fairseq_memattn.plot)")
-    which = group.add_mutually_exclusive_group(required=True)
-    which.add_argument("--example-id", type=int, metavar="N",
-                       help="plot example N of --gen-subset (as in fairseq-generate's S-N lines)")
-    which.add_argument("--sentence", metavar="TEXT",
-                       help="plot this source sentence instead (tokenised and BPE-encoded like "
-                            "fairseq-interactive does)")
-    group.add_argument("--output", "-o", required=True, metavar="FILE",
-                       help="image to write; its extension chooses the format (png, svg, pdf, ...)")
-    group.add_argument("--labels", metavar="A,B,...",
-                       help="column titles, one per --path checkpoint (default: from each model)")
-    group.add_argument("--max-ticks", type=int, default=40, metavar="N",
-                       help="label at most N tokens per axis (every n-th beyond that)")
-    group.add_argument("--layer", type=int, metavar="L",
-                       help="transformer_memattn: the decoder layer whose read is plotted, 0-based "
-                            "(default: the last, fairseq's alignment layer)")
-    group.add_argument("--head", type=int, metavar="H",
-                       help="transformer_memattn with the attention read: the head plotted, 0-based "
-                            "(default: the mean over heads, as fairseq's alignments)")
-    group.add_argument("--dpi", type=int, default=150, metavar="N")
-    return parser
-
-
-def supported_formats():
-    from matplotlib.figure import Figure
-
-    return sorted(Figure().canvas.get_supported_filetypes())
-
-
-def check_arguments(args, paths: List[str]) -> List[str]:
-    """Everything that can be checked before loading a model; returns the column labels."""
-    extension = os.path.splitext(args.output)[1].lstrip(".").lower()
-    if extension not in supported_formats():
-        raise PlotError(f"--output {args.output!r}: unknown image type {extension!r} "
-                        f"(choose from {', '.join(supported_formats())})")
-    missing = [p for p in paths if not os.path.isfile(p)]
-    if missing:
-        raise PlotError(f"--path: checkpoint not found: {', '.join(missing)}")
-    if args.max_ticks < 1:
-        raise PlotError(f"invalid --max-ticks: {args.max_ticks} (must be >= 1)")
-    if args.labels is None:
-        return [None] * len(paths)
-    labels = args.labels.split(",")
-    if len(labels) != len(paths):
-        raise PlotError(f"--labels gives {len(labels)} labels for {len(paths)} checkpoints "
-                        f"in --path")
-    return labels
-
-
-def warn_task_mismatch(task_cfg, saved_task_cfg, path: str) -> None:
-    """A task generated from other options (e.g. --copy-test-size) has other examples."""
-    if saved_task_cfg is None:
-        return
-    for key in task_cfg:
-        if key in saved_task_cfg and key != "data" and task_cfg[key] != saved_task_cfg[key]:
-            logger.warning(f"--{key.replace('_', '-')} is {task_cfg[key]!r} here but was "
-                           f"{saved_task_cfg[key]!r} when {path} was trained")
-
-
-def load_sample(cfg, args, task):
-    """A one-example batch: example --example-id of --gen-subset, or --sentence encoded."""
-    if args.sentence is not None:
-        tokenizer, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
-        text = args.sentence
-        for encoder in (tokenizer, bpe):
-            text = encoder.encode(text) if encoder is not None else text
-        tokens = task.source_dictionary.encode_line(text, add_if_not_exist=False).long()
-        if (tokens == task.source_dictionary.unk()).any():
-            logger.warning("--sentence has tokens outside the source dictionary; shown as <unk>")
-        dataset, index = task.build_dataset_for_inference([tokens], [tokens.numel()]), 0
-    else:
-        subset = cfg.dataset.gen_subset
-        task.load_dataset(subset)
-        dataset, index = task.dataset(subset), args.example_id
-        if not 0 <= index < len(dataset):
-            raise PlotError(f"--example-id {index} is out of range for --gen-subset {subset!r}, "
-                            f"which has examples 0..{len(dataset) - 1}")
-    return dataset.collater([dataset[index]])
-
-
-def run(args) -> List[Alignment]:
-    """Load, check and decode every checkpoint; nothing is drawn before all of them worked."""
-    import ast
-
-    from fairseq import checkpoint_utils, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    with warnings.catch_warnings():  # hydra deprecation notices about fairseq's own configs
-        warnings.simplefilter("ignore", UserWarning)
-        cfg = convert_namespace_to_omegaconf(args)
-    paths = utils.split_paths(cfg.common_eval.path) if cfg.common_eval.path else []
-    if not paths:
-        raise PlotError("--path: give the checkpoint(s) to plot")
-    labels = check_arguments(args, paths)
-    choice = ReadChoice(args.layer, args.head)
-    use_cuda = torch.cuda.is_available() and not cfg.common.cpu
-    task = tasks.setup_task(cfg.task)
-    sample = load_sample(cfg, args, task)
-    if use_cuda:
-        sample = utils.move_to_cuda(sample)
-
-    alignments = []
-    for path, label in zip(paths, labels):
-        models, saved_cfg = checkpoint_utils.load_model_ensemble(
-            [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task)
-        model = models[0]
-        warn_task_mismatch(cfg.task, getattr(saved_cfg, "task", None), path)
-        check_has_attention(model, path)
-        check_read_choice(model, path, choice)
-        if use_cuda:
-            model.cuda()
-        model.make_generation_fast_(need_attn=True)  # what --print-alignment does
-        arch = getattr(getattr(saved_cfg, "model", None), "arch", None)
-        alignments.append(decode(model, task, cfg.generation, sample,
-                                 label or describe(model, arch), choice))
-    return alignments
-
-
-def parse_args(argv=None):
-    """fairseq's own parsing: --user-dir, the task's and the generation options, and ours."""
-    from fairseq import options
-
-    return options.parse_args_and_arch(build_parser(), argv)
-
-
-def main(argv=None):
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr,
-                        force=True)  # some fairseq modules set DEBUG on import
-    args = parse_args(argv)
-    try:
-        alignments = run(args)
-    except OSError as error:  # a data directory or file of the task's options that is not there
-        print(f"{PROG}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
-        sys.exit(2)
-    except PlotError as error:
-        # argparse's format, without the usage: fairseq's parser has hundreds of options.
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    save(draw(alignments, args.max_ticks), args.output, args.dpi)
-    for alignment in alignments:
-        print(alignment.label)
-        print(f"  S: {' '.join(alignment.source)}\n  H: {' '.join(alignment.target)}")
-    print(f"wrote {args.output}")
-
 
 if __name__ == "__main__":
-    main()
+    from .cli.plot import main
+
+    main(prog="python -m fairseq_memattn.plot")

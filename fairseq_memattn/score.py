@@ -1,7 +1,5 @@
-"""Score fairseq-generate output as the paper did, plus exact-match accuracy.
-
-    python -m fairseq_memattn.score generate.out
-    python -m fairseq_memattn.score generate.out --by-length 20    # and per reference length 0-19, 20-39, ...
+"""Score fairseq-generate output as the paper did, plus exact-match accuracy
+(``fairseq-memattn-score``, ``fairseq_memattn.cli.score``).
 
 BLEU is sacreBLEU with no tokenisation on the already tokenised hypotheses and
 references (what Moses' multi-bleu.perl computes, which the paper used);
@@ -10,9 +8,6 @@ on a copy task. Empty references (length-0 copy examples) count like any other:
 an empty hypothesis is then exactly right.
 """
 
-import argparse
-import json
-import sys
 from typing import Dict, List, Tuple
 
 import sacrebleu
@@ -68,36 +63,7 @@ def accuracy_by_length(hypotheses: List[str], references: List[str], width: int)
             for b, (exact, reordered, n) in sorted(bands.items())]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_memattn.score", description=__doc__.split("\n\n")[0])
-    parser.add_argument("generate_output", help="file written by fairseq-generate ('-' for stdin)")
-    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--by-length", type=int, metavar="WIDTH",
-                        help="also exact-match accuracy per band of WIDTH reference lengths")
-    args = parser.parse_args(argv)
-    if args.by_length is not None and args.by_length < 1:
-        parser.error(f"--by-length: {args.by_length} (must be >= 1)")
-    try:
-        stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
-    except OSError as error:
-        parser.error(f"{args.generate_output}: {error.strerror}")
-    with stream:
-        try:
-            hypotheses, references = read_generate_output(stream)
-        except ValueError as error:
-            parser.error(f"{args.generate_output}: {error}")
-    result = score(hypotheses, references)
-    if args.by_length:
-        result["by_length"] = accuracy_by_length(hypotheses, references, args.by_length)
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(f"BLEU {result['bleu']:.2f}  accuracy {result['accuracy']:.2f}%  "
-          f"({result['sentences']} sentences)")
-    for band in result.get("by_length", []):
-        print(f"  length {band['lengths']:>9}: {band['accuracy']:6.2f}% exact  "
-              f"({band['exact']} of {band['sentences']}; {band['reordered']} more in another order)")
-
-
 if __name__ == "__main__":
-    main()
+    from .cli.score import main
+
+    main(prog="python -m fairseq_memattn.score")

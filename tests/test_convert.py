@@ -19,6 +19,7 @@ from conftest import PLUGIN_DIR, REPO, clean_env, run_fairseq
 import wmt17_toy
 
 from fairseq_memattn import convert
+from fairseq_memattn.cli import convert as convert_cli
 
 # fairseq's transformer_iwslt_de_en at toy sizes, trained as recipes/bible/compare.py trains it.
 TINY_SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
@@ -56,7 +57,7 @@ def toy(tmp_path_factory):
     data = prepare_toy_data(root)
     transformer = train_transformer(data, root / "transformer")
     converted = root / "converted.pt"
-    convert.main([str(transformer), str(converted), "--memory-k", str(K)])
+    convert_cli.main([str(transformer), str(converted), "--memory-k", str(K)])
     return dict(root=root, data=data, transformer=transformer, converted=converted)
 
 
@@ -99,7 +100,7 @@ def test_converted_decoder_equals_the_transformer_when_the_write_copies_the_stat
     dictionary = task.source_dictionary
     length = 6  # |S| with EOS: K rows, one per position
     path = tmp_path / "k_equals_s.pt"
-    convert.main([str(toy["transformer"]), str(path), "--memory-k", str(length)])
+    convert_cli.main([str(toy["transformer"]), str(path), "--memory-k", str(length)])
     converted, _ = load(path)
     identity_write(converted)
 
@@ -165,7 +166,7 @@ def test_refusals_are_one_line(toy, tmp_path, capsys, name):
     else:
         checkpoint = save_variant(toy, tmp_path / "variant.pt", **make)
     with pytest.raises(SystemExit) as stopped:
-        convert.main([str(checkpoint), str(tmp_path / "out.pt"), "--memory-k", "4", *options])
+        convert_cli.main([str(checkpoint), str(tmp_path / "out.pt"), "--memory-k", "4", *options])
     error = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2
     assert error[-1].startswith("fairseq-memattn-convert: error: ") and message in error[-1], error[-1]
@@ -178,7 +179,7 @@ def test_refuses_a_converted_model_and_an_existing_out(toy, tmp_path, capsys):
                           ([str(toy["transformer"]), str(toy["converted"])], "exists: pass --force"),
                           ([str(toy["transformer"]), str(tmp_path / "no_k.pt")], "required: --memory-k")):
         with pytest.raises(SystemExit) as stopped:
-            convert.main(argv + (["--memory-k", "4"] if "no_k" not in argv[1] else []))
+            convert_cli.main(argv + (["--memory-k", "4"] if "no_k" not in argv[1] else []))
         assert stopped.value.code == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 

@@ -51,11 +51,12 @@ def run_cli(*args, stdin=""):
 
 
 def test_runtime_imports_without_torch_or_fairseq():
-    modules = ["fairseq_memattn.deploy", "fairseq_memattn.deploy.__main__", "fairseq_memattn.deploy.text"]
+    modules = ["fairseq_memattn.deploy", "fairseq_memattn.deploy.__main__", "fairseq_memattn.deploy.text",
+               "fairseq_memattn.cli.translate"]
     try:
         import aiohttp  # noqa: F401
 
-        modules.append("fairseq_memattn.deploy.serve")
+        modules += ["fairseq_memattn.deploy.serve", "fairseq_memattn.cli.serve"]
     except ImportError:
         pass
     check = WITHOUT_TORCH + f"""

@@ -14,6 +14,7 @@ import torch
 from conftest import PLUGIN_DIR, REPO
 
 from fairseq_memattn import plot
+from fairseq_memattn.cli import plot as plot_cli
 
 BIN = os.path.dirname(sys.executable)
 TASK = ["--task", "copy_task", "--copy-max-len", "6", "--copy-vocab-size", "8",
@@ -67,7 +68,7 @@ def plot_args(path, output, *extra):
 
 def decode(path, *extra):
     """What the command decodes, in-process: one Alignment per checkpoint in ``path``."""
-    return plot.run(plot.parse_args(plot_args(path, "unused.png", *extra)))
+    return plot_cli.run(plot_cli.parse_args(plot_args(path, "unused.png", *extra)))
 
 
 def axes_with_gid(fig, gid):
@@ -350,9 +351,9 @@ def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, cap
     read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
             "layer_of_an_lstm": ["--layer", "0"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
-        plot.main(plot_args(path, output, "--example-id", example, *read))
+        plot_cli.main(plot_args(path, output, "--example-id", example, *read))
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert f"{plot.PROG}: error: " in error and expected in error, error
+    assert f"{plot_cli.PROG}: error: " in error and expected in error, error
     assert "Traceback" not in error
     assert os.listdir(tmp_path) == []

@@ -1,8 +1,5 @@
-"""fairseq-memattn-serve: an HTTP translation server over ``Translator`` (aiohttp).
-
-    fairseq-memattn-serve FOLDER [--host 127.0.0.1] [--port 8000] [--batch-window-ms 5] \\
-        [--max-tokens 1024] [--queue-size 64]
-    # or: python -m fairseq_memattn.deploy.serve FOLDER ...
+"""The HTTP translation server over ``Translator`` (aiohttp); ``fairseq-memattn-serve``
+(``fairseq_memattn.cli.serve``) runs it.
 
     POST /translate  {"text": ["sentence", ...], "beam": 5, "nbest": 1, "alignment": false}
                      -> {"results": [[{"text", "pieces", "score", "positional_scores"[, "alignment"]}, ...], ...]}
@@ -15,17 +12,14 @@ answering. Waiting requests are bounded by --queue-size: beyond it a request get
 Malformed requests get 400, sources longer than the model or --max-tokens 413.
 """
 
-import argparse
 import asyncio
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 from aiohttp import web
 
-from .options import MAX_TOKENS, add_model_options, add_search_options, check_options, check_positive, load, search_options
-from .translator import SourceError, SourceTooLong
+from .translator import MAX_TOKENS, SourceError, SourceTooLong
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
 BATCHER = web.AppKey("batcher", "Batcher")
@@ -235,39 +229,7 @@ class BackgroundServer:
         self.close()
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="fairseq-memattn-serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    add_search_options(p)
-    p.add_argument("--batch-window-ms", type=float, default=5.0,
-                   help="how long the first waiting request waits for others to batch with (default 5)")
-    p.add_argument("--queue-size", type=int, default=64, help="requests waiting at most; beyond, 503")
-    p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for")
-    p.add_argument("--max-sentences", type=int, default=256, help="sentences per request at most; beyond, 413")
-    args = p.parse_args(argv)
-    check_options(p, args)
-    check_positive(p, args, "queue_size", "max_beam", "max_sentences")
-    if args.beam > args.max_beam:
-        p.error(f"invalid --beam: {args.beam} (must be <= --max-beam {args.max_beam})")
-    if args.batch_window_ms < 0:
-        p.error(f"invalid --batch-window-ms: {args.batch_window_ms} (must be >= 0)")
-    return p, args
-
-
-def main(argv=None) -> None:
-    parser, args = parse_args(argv)
-    translator, codec = load(parser, args)
-    app = make_app(translator, codec, search_options(args), beam=args.beam, window=args.batch_window_ms / 1000,
-                   max_tokens=args.max_tokens, queue_size=args.queue_size, max_beam=args.max_beam,
-                   max_sentences=args.max_sentences)
-    try:
-        web.run_app(app, host=args.host, port=args.port, print=lambda text: print(text, file=sys.stderr))
-    except OSError as error:  # the port is taken, the host unknown
-        parser.error(f"cannot listen on {args.host}:{args.port} ({error.strerror or error})")
-
-
 if __name__ == "__main__":
+    from ..cli.serve import main
+
     main()

@@ -459,6 +459,11 @@ class SelfAttentionCache:
         self.slots[:, step] = step * self.rows + np.arange(hypotheses)
 
 
+# Padded source tokens per batch. The decoder's state and self-attention cache grow with
+# sources x beam x maximum length; 1024 tokens are a few dozen sentences of ordinary length.
+MAX_TOKENS = 1024
+
+
 def batches_by_tokens(lengths: List[int], max_tokens: Optional[int], batch_size: Optional[int]):
     """Index batches of sources sorted by length, each within max_tokens padded tokens and batch_size sources."""
     if max_tokens is not None and max_tokens < max(lengths, default=0):

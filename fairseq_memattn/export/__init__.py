@@ -1,7 +1,5 @@
-"""Export a checkpoint of this plugin to ONNX graphs for ONNX Runtime
-(``fairseq_memattn.deploy`` translates with them):
-
-    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--force]
+"""Export a checkpoint of this plugin to ONNX graphs for ONNX Runtime (``fairseq_memattn.deploy``
+translates with them); ``fairseq-memattn-export`` (``fairseq_memattn.cli.export``) runs it.
 
 Exports ``transformer_memattn`` (both reads; shared or per-layer memories)
 and ``lstm_memattn`` with memory attention. OUT holds ``encoder.onnx``
@@ -13,11 +11,9 @@ quantization of every matrix product with a constant weight.
 Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
 """
 
-import argparse
 import json
 import os
 import shutil
-import sys
 
 FORMAT_VERSION = 1
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
@@ -137,27 +133,3 @@ def _data_sentencepiece(task):
         if os.path.isfile(path):
             return path
     return None
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="fairseq-memattn-export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
-    parser.add_argument("out", help="output folder")
-    parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
-    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")
-    parser.add_argument("--force", action="store_true",
-                        help="export into a folder that is not empty, replacing an earlier export's files")
-    parser.add_argument("--sentencepiece-model", help="copy this sentencepiece model into OUT "
-                                                      "(default: spm.model of the data folder, if any)")
-    return parser, parser.parse_args(argv)
-
-
-def main(argv=None):
-    parser, args = parse_args(argv)
-    try:
-        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
-                        args.force)
-    except ExportError as error:
-        parser.error(str(error))
-    print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)

@@ -3,12 +3,8 @@ and the search; errors a user can fix end on one argparse line."""
 
 import argparse
 
-from .text import TextCodec
-from .translator import Translator
-
-# Padded source tokens per batch. The decoder's state and self-attention cache grow with
-# sources x beam x maximum length; 1024 tokens are a few dozen sentences of ordinary length.
-MAX_TOKENS = 1024
+from ..deploy.text import TextCodec
+from ..deploy.translator import MAX_TOKENS, Translator
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,124 @@
+"""fairseq-memattn-translate: raw text in, fairseq-interactive's output out, on ONNX Runtime.
+
+    fairseq-memattn-translate FOLDER [--beam 5] [--nbest 1] [--buffer-size 1] [--max-tokens 1024] \\
+        [--print-alignment] [--plain] < input.txt
+    # or: python -m fairseq_memattn.deploy FOLDER ...
+
+Reads --buffer-size lines at a time, translates them and prints their S-/H-/D-/P- lines (A- with
+--print-alignment) in input order, ids counting input lines from 0. Each line is translated as
+if alone: its maximum length counts its own tokens. A line the model cannot translate is reported
+on standard error with its line number and skipped; the exit status is then 1. sentencepiece is
+applied when FOLDER has spm.model or with --bpe sentencepiece --sentencepiece-model PATH.
+"""
+
+import argparse
+import itertools
+import math
+import os
+import sys
+
+from .deploy_options import add_model_options, add_search_options, check_options, check_positive, load, search_options
+from ..deploy.translator import SourceError
+
+PROG = "fairseq-memattn-translate"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(p)
+    p.add_argument("--input", default="-", help="file to translate (default: standard input)")
+    p.add_argument("--buffer-size", type=int, default=1,
+                   help="lines read before translating them (default 1, as fairseq-interactive)")
+    p.add_argument("--nbest", type=int, default=1)
+    add_search_options(p)
+    p.add_argument("--batch-size", type=int, help="sources per batch")
+    p.add_argument("--print-alignment", action="store_true", help="print A- lines (beta alpha^T, hard)")
+    p.add_argument("--plain", action="store_true", help="print only the best detokenized hypothesis per line")
+    args = p.parse_args(argv)
+    check_options(p, args)
+    check_positive(p, args, "nbest", "batch_size", "buffer_size")
+    if args.nbest > args.beam:
+        p.error(f"invalid --nbest: {args.nbest} (must be <= --beam {args.beam})")
+    if args.input != "-" and not os.path.isfile(args.input):
+        p.error(f"--input: no such file: {args.input}")
+    return p, args
+
+
+def numbered_buffers(stream, size: int):
+    """Lists of (line number from 1, text or None where it is not UTF-8), ``size`` lines each."""
+    lines = enumerate(iter(stream.readline, b""), start=1)
+    while True:
+        buffer = list(itertools.islice(lines, size))
+        if not buffer:
+            return
+        yield [(number, decode_line(raw)) for number, raw in buffer]
+
+
+def decode_line(raw: bytes):
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        return None
+
+
+def print_hypotheses(index: int, shown_source: str, hypotheses, codec, args) -> None:
+    """fairseq-interactive's lines for one source; scores in base 2, as fairseq prints them."""
+    if not args.plain:
+        print(f"S-{index}\t{shown_source}")
+    for hypothesis in hypotheses[: args.nbest]:
+        pieces, text = codec.target(hypothesis["tokens"])
+        if args.plain:
+            print(text)
+            return
+        score = hypothesis["score"] / math.log(2)
+        print(f"H-{index}\t{score}\t{pieces}")
+        print(f"D-{index}\t{score}\t{text}")
+        print(f"P-{index}\t" + " ".join(f"{s / math.log(2):.4f}" for s in hypothesis["positional_scores"]))
+        if args.print_alignment:
+            print(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in hypothesis["alignment"]))
+
+
+def translate_buffer(buffer, translator, codec, args, options) -> int:
+    """Translates and prints one buffer's lines; returns how many were skipped."""
+    sources, skipped = {}, 0
+    for number, line in buffer:
+        try:
+            if line is None:
+                raise SourceError("not UTF-8 text")
+            shown, ids = codec.source(line)
+            translator.check_source(ids, max_tokens=args.max_tokens, min_len=options["min_len"],
+                                    max_len_a=options["max_len_a"], max_len_b=options["max_len_b"])
+        except SourceError as error:
+            print(f"{PROG}: line {number}: {error}; skipped", file=sys.stderr, flush=True)
+            skipped += 1
+            continue
+        sources[number] = shown, ids
+    results = translator.translate_ids([ids for _, ids in sources.values()], max_tokens=args.max_tokens,
+                                       batch_size=args.batch_size, beam=args.beam,
+                                       alignment=args.print_alignment, **options)
+    for (number, (shown, _)), hypotheses in zip(sources.items(), results):
+        print_hypotheses(number - 1, shown, hypotheses, codec, args)
+    sys.stdout.flush()
+    return skipped
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
+    translator, codec = load(parser, args)
+    options = search_options(args)
+    skipped = 0
+    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
+    try:
+        with stream:
+            for buffer in numbered_buffers(stream, args.buffer_size):
+                skipped += translate_buffer(buffer, translator, codec, args, options)
+    except KeyboardInterrupt:  # what was translated is printed already; no traceback
+        sys.stdout.flush()
+        return 130
+    if skipped:
+        print(f"{PROG}: {skipped} line(s) skipped", file=sys.stderr)
+    return 1 if skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
