@@ -82,7 +82,9 @@ def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("x | INFO | fairseq_cli.train | done training in 0.3 seconds\n"
                    "terminate called without an active exception\n")
-    assert converge.trained(0, log) and converge.trained(134, log)
+    assert converge.trained(0, log) and converge.trained(134, log) and converge.trained(-6, log)
+    log.write_text("x | INFO | fairseq_cli.train | done training in 0.3 seconds\nKilled\n")
+    assert not converge.trained(1, log) and not converge.trained(-9, log)  # only that abort counts
     log.write_text("x | INFO | train | epoch 001 | loss 4.5\nTraceback (most recent call last):\n")
     assert not converge.trained(1, log) and not converge.trained(None, log)
 
