@@ -6,22 +6,32 @@
     python -m recipes.speed.deploy --source-lens 50 200 800 2000 --target-len 50 --copy-lens 200 800 \\
         --sources 20 --beam 5 --threads 1 2 --out results/speed/deploy.md
 
-Untrained models (seed 0) as fairseq-train builds them (recipes/speed/transformer_decode.build),
-3 + 3 layers of 256 units (4 heads, FFN 1024), 20 symbols; transformer_memattn with --memory-k
-(attention read, shared memory). Each is saved as a fairseq checkpoint, converted with
+Untrained models (seed 0) as fairseq-train builds them (recipes/speed/transformer_decode.build):
+--size small, 3 + 3 layers of 256 units (4 heads, FFN 1024), or base, Transformer-base's 6 + 6 x 512
+(8 heads, FFN 2048); --vocab symbols (the copy task's, one dictionary for both sides);
+transformer_memattn with --memory-k (attention read, shared memory). Each is saved as a fairseq checkpoint, converted with
 `ct2-fairseq-converter ... --unsafe_deserialization [--quantization int8]` or exported with
 `python -m fairseq_memattn.export [--quantize int8]`. Per cell: one batch of --sources random
 sources of exactly |S| symbols, beam --beam, every output forced to |T| tokens (minimum = maximum
 length), so all engines decode |T| + 1 steps; seconds of the whole translation (encoder included,
 model loading excluded), median of --repeats (fewer once a cell has taken --cell-seconds) after a
 warm-up on one source. Each engine and thread count runs in its own process, whose peak resident
-memory (ru_maxrss, model loading included) is reported. Needs the optional extra deploy (onnx,
-onnxruntime) and ctranslate2.
+memory (ru_maxrss, model loading included) is reported; so is the GEMM backend CTranslate2 picked
+on this CPU (MKL on Intel, oneDNN elsewhere). Needs the optional extra deploy (onnx, onnxruntime) and
+ctranslate2.
+
+With --trained TRANSFORMER.pt MEMATTN.pt --data DIR the engines run trained checkpoints instead (a
+fairseq `transformer` and a `transformer_memattn` with the same dictionaries, e.g. the Bible
+models of recipes/bible and recipes/convert) on the test split of DIR (recipes.wmt17.run prepare's
+layout: bpe/test.SRC and data-bin/dict.SRC.txt), in batches of --sources sentences in file order,
+with natural output lengths (fairseq's defaults: at most 200 tokens, EOS when the model says so);
+the table then gives the output tokens beside the seconds.
 """
 
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -33,6 +43,17 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
+
+SIZES = {  # --size: fairseq-train options
+    "small": ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
+              "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+    "base": ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512",
+             "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
+             "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"],
+}
+SIZE_NAMES = {"small": "3 + 3 layers x 256 (4 heads, FFN 1024)", "base": "6 + 6 layers x 512 (8 heads, FFN 2048)"}
+SPECIALS = 4  # fairseq's <s>, <pad>, </s>, <unk> come before the copy task's symbols
 
 ENGINES = {  # name: (label, model)
     "fairseq": ("transformer, fairseq-generate", "transformer"),
@@ -52,6 +73,12 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=int, default=20)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--memory-k", type=int, default=32)
+    p.add_argument("--size", choices=list(SIZES), default="small")
+    p.add_argument("--vocab", type=int, default=20, help="symbols of the copy task's dictionary")
+    p.add_argument("--trained", nargs=2, metavar=("TRANSFORMER", "MEMATTN"),
+                   help="trained checkpoints to time on --data's test split (natural lengths)")
+    p.add_argument("--data", help="with --trained: the data folder (bpe/test.SRC, data-bin/dict.SRC.txt)")
+    p.add_argument("--source-lang", default="en")
     p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cell-seconds", type=float, default=60,
@@ -65,7 +92,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+TEST_SPLIT = (0, 0)  # the cell of --trained: --data's test split, natural output lengths
+
+
 def cells(args):
+    if args.trained:
+        return [TEST_SPLIT]
     return [(s, args.target_len) for s in args.source_lens] + [(n, n) for n in args.copy_lens]
 
 
@@ -75,23 +107,24 @@ def prepare(args):
     """Checkpoints, CTranslate2 models and ONNX exports in args.workdir (made when missing)."""
     import torch
     from fairseq import options, tasks
-    from recipes.speed.transformer_decode import SIZES
 
+    if args.trained:
+        return prepare_trained(args)
     longest = max(max(s, t) for s, t in cells(args))
     models = {"transformer": ["--arch", "transformer"],
               "memattn": ["--arch", "transformer_memattn", "--memory-k", str(args.memory_k)]}
     paths = {}
     for name, arch in models.items():
-        folder = os.path.join(args.workdir, f"{name}-{longest}")
+        folder = os.path.join(args.workdir, f"{name}-{args.size}-{args.vocab}-{longest}")
         checkpoint = os.path.join(folder, "checkpoint.pt")
         if not os.path.exists(checkpoint):
             os.makedirs(folder, exist_ok=True)
-            # as transformer_decode.build: the copy task's 20 symbols, positions for the longest cell
+            # as transformer_decode.build: the copy task's symbols, positions for the longest cell
             memory = ["--memory-position-max-len", str(longest + 1)] if name == "memattn" else []
             train_args = options.parse_args_and_arch(options.get_training_parser(), [
                 "--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(longest), "--cpu",
-                "--max-source-positions", str(longest + 2), "--max-target-positions", str(longest + 2),
-                "--encoder-layers", "3", "--decoder-layers", "3", *SIZES, *arch, *memory])
+                "--copy-vocab-size", str(args.vocab), "--max-source-positions", str(longest + 2),
+                "--max-target-positions", str(longest + 2), *SIZES[args.size], *arch, *memory])
             task = tasks.setup_task(train_args)
             torch.manual_seed(0)
             model = task.build_model(train_args)
@@ -99,27 +132,63 @@ def prepare(args):
                         "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
                                                "lr_scheduler_state": {"best": None}, "num_updates": 0}]}, checkpoint)
         paths[name] = folder
+    convert_and_export(args, paths, data_dir=paths["transformer"])
+    return paths
+
+
+def prepare_trained(args):
+    """--trained: each checkpoint linked into its folder of args.workdir, converted and exported there."""
+    paths = {}
+    for name, checkpoint in zip(("transformer", "memattn"), args.trained):
+        folder = os.path.join(args.workdir, f"trained-{name}")
+        os.makedirs(folder, exist_ok=True)
+        link = os.path.join(folder, "checkpoint.pt")
+        if not os.path.exists(link):
+            os.symlink(os.path.abspath(checkpoint), link)
+        paths[name] = folder
+    convert_and_export(args, paths, data_dir=os.path.join(args.data, "data-bin"))
+    return paths
+
+
+def convert_and_export(args, paths, data_dir):
+    """The CTranslate2 models of paths["transformer"] and the ONNX exports of paths["memattn"]."""
     converters = {"ct2-f32": [], "ct2-int8": ["--quantization", "int8"]}
     for engine, extra in converters.items():
         out = os.path.join(paths["transformer"], engine)
         if engine in args.engines and not os.path.exists(out):
             subprocess.run([os.path.join(os.path.dirname(sys.executable), "ct2-fairseq-converter"),
                             "--model_path", os.path.join(paths["transformer"], "checkpoint.pt"),
-                            "--data_dir", paths["transformer"], "--user_dir", PLUGIN, "--output_dir", out,
+                            "--data_dir", data_dir, "--user_dir", PLUGIN, "--output_dir", out,
                             "--unsafe_deserialization", *extra], check=True)
     for engine, extra in {"onnx-f32": [], "onnx-int8": ["--quantize", "int8"]}.items():
         out = os.path.join(paths["memattn"], engine)
         if engine in args.engines and not os.path.exists(out):
-            subprocess.run([sys.executable, "-m", "fairseq_memattn.export",
-                            os.path.join(paths["memattn"], "checkpoint.pt"), out, *extra], check=True, cwd=REPO)
-    return paths
+            subprocess.run([sys.executable, "-m", "fairseq_memattn.export", os.path.join(paths["memattn"], "checkpoint.pt"),
+                            out, "--data", data_dir, *extra], check=True, cwd=REPO)
 
 
 # --- one engine in its own process -----------------------------------------------------
 
 def sources_for(length, n, symbols, offset):
     rng = np.random.default_rng(0)
-    return rng.integers(offset, offset + symbols, size=(n, length))
+    return list(rng.integers(offset, offset + symbols, size=(n, length)))
+
+
+def source_symbols(args):
+    """The source dictionary's symbols, id SPECIALS first: --data's (dict.SRC.txt, in file order, as
+    fairseq loads it) or the copy task's ("0", "1", ... sorted as strings by fairseq's finalize())."""
+    if not args.trained:
+        return sorted(str(i) for i in range(args.vocab))
+    with open(os.path.join(args.data, "data-bin", f"dict.{args.source_lang}.txt"), encoding="utf-8") as f:
+        return [line.split(" ")[0] for line in f]
+
+
+def test_split_batches(args, symbols):
+    """--data's test split as id lists (unknown pieces as <unk>), in batches of --sources."""
+    index = {symbol: i + SPECIALS for i, symbol in enumerate(symbols)}
+    with open(os.path.join(args.data, "bpe", f"test.{args.source_lang}"), encoding="utf-8") as f:
+        sources = [[index.get(piece, 3) for piece in line.split()] for line in f]
+    return [sources[i:i + args.sources] for i in range(0, len(sources), args.sources)]
 
 
 def worker(args):
@@ -130,21 +199,40 @@ def worker(args):
     translate = load_engine(engine, folder, threads, args)
     for cell in todo.split(";"):
         source_len, target_len = map(int, cell.split(","))
-        ids = sources_for(source_len, args.sources, 20, 4)  # the copy task's 20 symbols follow 4 specials
-        translate(ids[:1], target_len)  # warm-up: one source at this cell's lengths
+        if (source_len, target_len) == TEST_SPLIT:
+            batches, target_len = test_split_batches(args, translate.symbols), None
+        else:
+            batches = [sources_for(source_len, args.sources, args.vocab, SPECIALS)]
+        translate(batches[0][:1], target_len)  # warm-up: one source at this cell's lengths
         times = []
         while len(times) < args.repeats and sum(times) < args.cell_seconds:
             start = time.perf_counter()
-            translate(ids, target_len)
+            output_tokens = sum(translate(batch, target_len) for batch in batches)
             times.append(time.perf_counter() - start)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # so far in this process
-        print(json.dumps({"engine": engine, "threads": threads, "S": source_len, "T": target_len,
-                          "seconds": statistics.median(times), "peak_mib": peak}), flush=True)
+        print(json.dumps({"engine": engine, "threads": threads, "S": source_len, "T": target_len or 0,
+                          "seconds": statistics.median(times), "peak_mib": peak,
+                          "output_tokens": int(output_tokens)}), flush=True)
+
+
+def padded_left(sources, pad=1, eos=2):
+    """Id lists with EOS appended, left-padded as fairseq batches sources: (B x S array, lengths)."""
+    width = max(len(source) for source in sources) + 1
+    batch = np.full((len(sources), width), pad, dtype=np.int64)
+    for row, source in enumerate(sources):
+        batch[row, width - len(source) - 1:] = [*source, eos]
+    return batch, np.array([len(source) + 1 for source in sources])
+
+
+def length_options(target_len):
+    """(max_len_a, max_len_b, min_len) as fairseq takes them: |T| forced, or fairseq's defaults."""
+    return (0, target_len, target_len) if target_len else (0, 200, 1)
 
 
 def load_engine(engine, folder, threads, args):
-    """A function (ids: n x |S| symbols without EOS, |T|) -> outputs, checking that each is |T| long."""
-    eos = 2
+    """A function (sources: id lists without EOS, |T| or None for natural lengths) -> output tokens
+    (EOS excluded), checking forced lengths; its ``symbols`` are the source dictionary's."""
+    symbols = source_symbols(args)
     if engine in ("fairseq", "memattn"):
         import torch
         from fairseq import checkpoint_utils
@@ -157,40 +245,54 @@ def load_engine(engine, folder, threads, args):
         model = models[0].eval()
         model.make_generation_fast_(need_attn=False)  # as fairseq-generate without --print-alignment
 
-        def run(ids, target_len):
-            tokens = torch.cat([torch.from_numpy(ids), torch.full((len(ids), 1), eos)], dim=1)
-            generator = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam, max_len_a=0,
-                                          max_len_b=target_len, min_len=target_len)
+        def run(sources, target_len):
+            tokens, lengths = padded_left(sources)
+            max_len_a, max_len_b, min_len = length_options(target_len)
+            generator = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam, max_len_a=max_len_a,
+                                          max_len_b=max_len_b, min_len=min_len)
             with torch.no_grad():
                 hypos = generator.generate([model], {"net_input": {
-                    "src_tokens": tokens, "src_lengths": torch.full((len(ids),), ids.shape[1] + 1)}})
-            assert all(len(h[0]["tokens"]) == target_len + 1 for h in hypos)
-        return run
-    if engine.startswith("ct2"):
+                    "src_tokens": torch.from_numpy(tokens), "src_lengths": torch.from_numpy(lengths)}})
+            return checked([len(h[0]["tokens"]) - 1 for h in hypos], target_len)
+    elif engine.startswith("ct2"):
         import ctranslate2
 
         translator = ctranslate2.Translator(os.path.join(folder, engine), device="cpu", intra_threads=threads,
                                             inter_threads=1)
-        symbols = [str(i) for i in range(20)]
 
-        def run(ids, target_len):
-            batch = [[symbols[i - 4] for i in row] for row in ids]
-            results = translator.translate_batch(batch, beam_size=args.beam, max_decoding_length=target_len,
-                                                 min_decoding_length=target_len, max_input_length=0)
-            assert all(len(r.hypotheses[0]) == target_len for r in results)
-        return run
-    from fairseq_memattn.deploy import Translator
+        def run(sources, target_len):
+            batch = [[symbols[i - SPECIALS] if i >= SPECIALS else "<unk>" for i in row] for row in sources]
+            _, max_len_b, min_len = length_options(target_len)
+            results = translator.translate_batch(batch, beam_size=args.beam, max_decoding_length=max_len_b,
+                                                 min_decoding_length=min_len, max_input_length=0)
+            return checked([len(r.hypotheses[0]) for r in results], target_len)
+    else:
+        from fairseq_memattn.deploy import Translator
 
-    translator = Translator(os.path.join(folder, engine), threads=threads)
+        translator = Translator(os.path.join(folder, engine), threads=threads)
 
-    def run(ids, target_len):
-        src = np.concatenate([ids, np.full((len(ids), 1), eos)], axis=1)
-        hypos = translator.generate(src, beam=args.beam, max_len_a=0, max_len_b=target_len, min_len=target_len)
-        assert all(len(h[0]["tokens"]) == target_len + 1 for h in hypos)
+        def run(sources, target_len):
+            max_len_a, max_len_b, min_len = length_options(target_len)
+            hypos = translator.generate(padded_left(sources)[0], beam=args.beam, max_len_a=max_len_a,
+                                        max_len_b=max_len_b, min_len=min_len)
+            return checked([len(h[0]["tokens"]) - 1 for h in hypos], target_len)
+    run.symbols = symbols
     return run
 
 
+def checked(output_lengths, target_len):
+    assert target_len is None or all(n == target_len for n in output_lengths), output_lengths
+    return sum(output_lengths)
+
+
 # --- the report --------------------------------------------------------------------
+
+def cell_label(source_len, target_len, columns=True):
+    """A cell's |S| and |T|: as two table columns, or in words."""
+    if (source_len, target_len) == TEST_SPLIT:
+        return "test split | natural" if columns else "the test split, natural lengths"
+    return f"{source_len} | {target_len}" if columns else f"|S| = {source_len}, |T| = {target_len}"
+
 
 def table(rows, args):
     by = {(r["engine"], r["threads"], r["S"], r["T"]): r for r in rows}
@@ -203,12 +305,41 @@ def table(rows, args):
                   "|---|---|" + "---|" * len(engines)]
         for source_len, target_len in cells(args):
             values = [by.get((e, threads, source_len, target_len)) for e in engines]
-            lines.append(f"| {source_len} | {target_len} | "
-                         + " | ".join(f"{v['seconds']:.2f}" if v else "-" for v in values) + " |")
+            lines.append(f"| {cell_label(source_len, target_len)} | " + " | ".join(
+                "-" if not v else f"{v['seconds']:.2f}" + (f" ({v['output_tokens']} tokens)" if args.trained else "")
+                for v in values) + " |")
         peaks = [max((r["peak_mib"] for k, r in by.items() if k[0] == e and k[1] == threads), default=0)
                  for e in engines]
         lines.append("| peak MiB | | " + " | ".join(f"{p:.0f}" for p in peaks) + " |")
     return "\n".join(lines)
+
+
+def engine_factors(rows, args):
+    """Per cell and thread count, each engine's speed-up over fairseq-generate on the same model."""
+    by = {(r["engine"], r["threads"], r["S"], r["T"]): r["seconds"] for r in rows}
+    pairs = [(engine, base) for engine, base in (("ct2-f32", "fairseq"), ("ct2-int8", "fairseq"),
+                                                 ("onnx-f32", "memattn"), ("onnx-int8", "memattn"))
+             if engine in args.engines and base in args.engines]
+    lines = ["", "| threads | \\|S\\| | \\|T\\| | " + " | ".join(ENGINES[e][0] for e, _ in pairs) + " |",
+             "|---|---|---|" + "---|" * len(pairs)]
+    for threads in args.threads:
+        for source_len, target_len in cells(args):
+            factors = [(by.get((base, threads, source_len, target_len)), by.get((engine, threads, source_len, target_len)))
+                       for engine, base in pairs]
+            lines.append(f"| {threads} | {cell_label(source_len, target_len)} | "
+                         + " | ".join(f"{b / e:.2f}x" if b and e else "-" for b, e in factors) + " |")
+    return "\n".join(lines)
+
+
+def ct2_backend(paths, args):
+    """The GEMM backends CTranslate2 reports for this CPU (its CT2_VERBOSE log on loading a model)."""
+    folder = os.path.join(paths["transformer"], "ct2-f32")
+    if not os.path.isdir(folder):
+        return "not run"
+    log = subprocess.run([sys.executable, "-c", f"import ctranslate2; ctranslate2.Translator({folder!r})"],
+                         env={**os.environ, "CT2_VERBOSE": "1"}, capture_output=True, text=True).stderr
+    found = {key: re.search(rf"{key}: (.+)", log) for key in ("CPU", "SGEMM backend", "GEMM_S8 backend")}
+    return "backends: " + "; ".join(f"{key} {m.group(1).strip()}" for key, m in found.items() if m)
 
 
 def targets(rows, args):
@@ -218,9 +349,9 @@ def targets(rows, args):
         for ours, theirs, label in (("onnx-int8", "ct2-int8", "int8"), ("onnx-f32", "ct2-f32", "float32")):
             for source_len, target_len in cells(args):
                 a, b = by.get((ours, threads, source_len, target_len)), by.get((theirs, threads, source_len, target_len))
-                if a is None or b is None or source_len < 200:
+                if a is None or b is None:
                     continue
-                out.append(f"- {threads} thread(s), {label}, |S| = {source_len}, |T| = {target_len}: exported "
+                out.append(f"- {threads} thread(s), {label}, {cell_label(source_len, target_len, False)}: exported "
                            f"memattn {a:.2f} s vs CTranslate2 {b:.2f} s ({b / a:.2f}x)")
     return "\n".join(out)
 
@@ -284,13 +415,19 @@ def main(argv=None):
                 rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows)
     command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
-              f"Models: 3 + 3 layers x 256 (4 heads, FFN 1024), untrained, 20 symbols; memattn K = {args.memory_k}.\n"
-              + table(rows, args) + "\n\n## Exported against CTranslate2\n\n" + targets(rows, args) + "\n")
+              + (f"Models: {' and '.join(args.trained)}, trained; the test split of {args.data}. " if args.trained else
+                 f"Models: {SIZE_NAMES[args.size]}, untrained, {args.vocab} symbols; memattn K = {args.memory_k}. ")
+              + f"CTranslate2 {ct2_backend(paths, args)}.\n"
+              + table(rows, args) + "\n\n## Each engine against fairseq on its own model\n\n"
+              "fairseq-generate's time over the engine's (CTranslate2 on `transformer`, the export on "
+              "`transformer_memattn`):\n" + engine_factors(rows, args)
+              + "\n\n## Exported against CTranslate2\n\n" + targets(rows, args) + "\n")
     print(report)
     if args.out:
         with open(args.out, "w") as f:
             f.write(report)
-        plot(rows, args, os.path.splitext(args.out)[0] + ".png")
+        if not args.trained:
+            plot(rows, args, os.path.splitext(args.out)[0] + ".png")
 
 
 if __name__ == "__main__":
