@@ -17,6 +17,7 @@ extras deploy and serve.
 
 import argparse
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -114,8 +115,9 @@ def main(argv=None):
             table.append(row(f"server, {count} client(s)", latencies, time.perf_counter() - start))
     print("\n".join(table))
     if args.out:
+        command = "python -m recipes.speed.serve " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write("\n".join(table) + "\n")
+            f.write(f"# The translation server\n\nCommand: `{command}`\n\n" + "\n".join(table) + "\n")
 
 
 if __name__ == "__main__":
