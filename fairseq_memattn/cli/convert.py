@@ -40,7 +40,9 @@ def parse_memory_options(argv: List[str], prog: str) -> Dict[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fairseq-memattn-convert", allow_abbrev=False, description=__doc__ + "\n" + library.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="fairseq-memattn-convert", allow_abbrev=False,
+        description=__doc__ + "\n" + library.__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="memory options: those of fairseq-train --arch transformer_memattn (--memory-k, "
                "--memory-encoder-score, --memory-encoder-normalize, --[no-]memory-position-window, "
                "--[no-]memory-position-encoding, --memory-position-max-len, --memory-per-layer)")
