@@ -44,14 +44,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 
-SIZES = {  # --size: fairseq-train options
-    "small": ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-              "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
-    "base": ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512",
-             "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
-             "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"],
-}
+BASE_SIZE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--decoder-embed-dim",
+             "512", "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
+             "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"]
 SIZE_NAMES = {"small": "3 + 3 layers x 256 (4 heads, FFN 1024)", "base": "6 + 6 layers x 512 (8 heads, FFN 2048)"}
 SPECIALS = 4  # fairseq's <s>, <pad>, </s>, <unk> come before the copy task's symbols
 
@@ -73,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=int, default=20)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--memory-k", type=int, default=32)
-    p.add_argument("--size", choices=list(SIZES), default="small")
+    p.add_argument("--size", choices=list(SIZE_NAMES), default="small")
     p.add_argument("--vocab", type=int, default=20, help="symbols of the copy task's dictionary")
     p.add_argument("--trained", nargs=2, metavar=("TRANSFORMER", "MEMATTN"),
                    help="trained checkpoints to time on --data's test split (natural lengths)")
@@ -107,12 +102,14 @@ def prepare(args):
     """Checkpoints, CTranslate2 models and ONNX exports in args.workdir (made when missing)."""
     import torch
     from fairseq import options, tasks
+    from recipes.speed.transformer_decode import SIZES  # imports torch: not at the top, for the workers
 
     if args.trained:
         return prepare_trained(args)
     longest = max(max(s, t) for s, t in cells(args))
     models = {"transformer": ["--arch", "transformer"],
               "memattn": ["--arch", "transformer_memattn", "--memory-k", str(args.memory_k)]}
+    size = BASE_SIZE if args.size == "base" else ["--encoder-layers", "3", "--decoder-layers", "3", *SIZES]
     paths = {}
     for name, arch in models.items():
         folder = os.path.join(args.workdir, f"{name}-{args.size}-{args.vocab}-{longest}")
@@ -124,7 +121,7 @@ def prepare(args):
             train_args = options.parse_args_and_arch(options.get_training_parser(), [
                 "--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(longest), "--cpu",
                 "--copy-vocab-size", str(args.vocab), "--max-source-positions", str(longest + 2),
-                "--max-target-positions", str(longest + 2), *SIZES[args.size], *arch, *memory])
+                "--max-target-positions", str(longest + 2), *size, *arch, *memory])
             task = tasks.setup_task(train_args)
             torch.manual_seed(0)
             model = task.build_model(train_args)
