@@ -52,7 +52,7 @@ MUTATIONS = {
              "gated linear attention's gate without the states (u_t = sigmoid(W s_t + b))"),
     "alignment-transpose": (MEMORY, "alpha_t = alpha.transpose(1, 2)", "alpha_t = alpha.flip(1).transpose(1, 2)",
                             "the alignment beta alpha^T (Sec. 5) with the source reversed"),
-    "unkpen-sign": (DEPLOY, "lprobs[:, self.unk] -= unk_penalty", "lprobs[:, self.unk] += unk_penalty",
+    "unkpen-sign": (DEPLOY, "lprob_edits[:2, self.unk] = -unk_penalty", "lprob_edits[:2, self.unk] = unk_penalty",
                     "the translator's unknown-word penalty with its sign flipped",
                     EXPORT_TESTS + "test_unknown_word_penalty"),
     "encoder-runs-axis": (DEPLOY, "np.concatenate([run[i] for run in runs], axis=0)",

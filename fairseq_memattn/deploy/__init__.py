@@ -5,4 +5,4 @@ raw text in and out (text.py), the command line (``python -m fairseq_memattn.dep
 
 from .text import SentencePiece, TextCodec  # noqa: F401
 from .translator import (Dictionary, ModelFolderError, SelfAttentionCache, SourceError,  # noqa: F401
-                         SourceTooLong, Translator, batches_by_tokens, best_first)
+                         SourceTooLong, Translator, batches_by_tokens)

@@ -10,7 +10,9 @@ source (the memory, projected once per source) stays at one row per source
 for all its hypotheses, as ``modules/beam_sharing.py`` keeps it in fairseq;
 only the decoder's own state is reordered per hypothesis: the LSTM's h and c,
 or for the Transformer each hypothesis's list of slots in a self-attention
-cache (``SelfAttentionCache``).
+cache (``SelfAttentionCache``). The log-probabilities stay in the graph: it
+ends in the beam search's choice of candidates (export/search.py), and the
+translator keeps the hypotheses.
 
 Alignments (``alignment=True``): the soft alignment of target step i over the
 source is beta_i alpha^T (Sec. 5), beta_i the read weights of the last decoder
@@ -29,7 +31,7 @@ import numpy as np
 
 NEG_INF = np.float32(-np.inf)
 # config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
-FORMAT_VERSIONS = (1,)
+FORMAT_VERSIONS = (2,)
 CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
                "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
                "max_target_positions")
@@ -191,12 +193,13 @@ class Translator:
                 state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
         return state
 
-    def step(self, tokens: np.ndarray, step: int, state, memory, reorder: np.ndarray, cache):
-        """(log-probs N x V, read weights N x K, next state) for one target position; row j
-        continues row reorder[j] of the previous step. The state and the memory stay in ONNX
-        Runtime's memory (OrtValues bound to the graph's inputs and outputs); the new position's
-        keys and values are appended to the cache."""
-        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64)}
+    def step(self, tokens: np.ndarray, step: int, state, memory, reorder: np.ndarray, cache, search: dict):
+        """(candidate scores and indices, sources x candidates; read weights N x K; next state) for
+        one target position; row j continues row reorder[j] of the previous step, ``search`` holds
+        the inputs of export/search.py. The state and the memory stay in ONNX Runtime's memory
+        (OrtValues bound to the graph's inputs and outputs), and the new position's keys and values
+        are written straight into the cache."""
+        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
         values = {**state, **memory}
         if cache is None:  # the state is reordered by the graph
             arrays["reorder"] = reorder
@@ -210,13 +213,15 @@ class Translator:
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         for name in self.decoder_outputs:
-            binding.bind_output(name, "cpu")
+            if cache is None or name not in cache.tables:
+                binding.bind_output(name, "cpu")
+        if cache is not None:
+            cache.bind_new_position(binding, step)
         self.decoder.run_with_iobinding(binding)
         outputs = dict(zip(self.decoder_outputs, binding.get_outputs()))
-        if cache is not None:
-            cache.append(step, outputs)
         new_state = {name: outputs["new_" + name] for name in state}
-        return outputs["lprobs"].numpy(), outputs["read_weights"].numpy(), new_state
+        return (outputs["candidate_scores"].numpy(), outputs["candidate_indices"].numpy(),
+                outputs["read_weights"].numpy(), new_state)
 
     # --- beam search (fairseq's SequenceGenerator with BeamSearch) -------------------
 
@@ -248,6 +253,14 @@ class Translator:
         cache = SelfAttentionCache(layers, bsz * beam, max_len + 1, ort_value) if layers else None
         vocab = len(self.tgt_dict)
         cand_size = 2 * beam
+        # export/search.py's edits: after --min-len (row 0), before it (1), at the maximum length (2)
+        lprob_edits = np.zeros((3, vocab), np.float32)
+        lprob_edits[:2, self.pad] = NEG_INF
+        lprob_edits[:2, self.unk] = -unk_penalty
+        lprob_edits[1, self.eos] = NEG_INF
+        lprob_edits[2] = NEG_INF
+        lprob_edits[2, self.eos] = 0
+        first_hypotheses = np.where(np.arange(bsz * beam) % beam == 0, 0, NEG_INF).astype(np.float32)
         tokens = np.full((bsz * beam, max_len + 2), self.pad, np.int64)
         tokens[:, 0] = self.eos
         scores = np.zeros((bsz * beam, max_len + 1), np.float32)
@@ -261,28 +274,19 @@ class Translator:
         for step in range(max_len + 1):
             if state_rows is not None:  # sentences were dropped: rows of the state before the drop
                 reorder, state_rows = state_rows[reorder], None
-            lprobs, read_weights, state = self.step(tokens[:, step], step, state, memory, reorder, cache)
-            lprobs = lprobs.copy()
-            lprobs[np.isnan(lprobs)] = NEG_INF
-            lprobs[:, self.pad] = NEG_INF
-            lprobs[:, self.unk] -= unk_penalty
-            at_max_len = np.repeat(max_lens[sentence_ids] <= step, beam)  # only EOS is left to them
-            if at_max_len.any():
-                eos_lprobs = lprobs[at_max_len, self.eos]
-                lprobs[at_max_len] = NEG_INF
-                lprobs[at_max_len, self.eos] = eos_lprobs
-            if step < min_len:
-                lprobs[:, self.eos] = NEG_INF
+            search = {
+                "lprob_edits": lprob_edits,
+                "edit_rows": np.where(np.repeat(max_lens[sentence_ids] <= step, beam), 2, int(step < min_len)),
+                "hypothesis_scores": np.ascontiguousarray(scores[:, step - 1]) if step else first_hypotheses,
+                "beam": np.array([beam], np.int64),
+                # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
+                "candidates": np.array([min(cand_size, (beam if step else 1) * vocab - 1)], np.int64),
+            }
+            cand_scores, candidates, read_weights, state = self.step(tokens[:, step], step, state, memory,
+                                                                     reorder, cache, search)
             if reads is not None:
                 reads[:, :, step + 1] = read_weights
-
-            # BeamSearch.step: the best 2 x beam of (hypothesis, token) by cumulative score
-            lp = lprobs.reshape(bsz, beam, vocab)
-            lp = lp[:, :1] if step == 0 else lp + scores.reshape(bsz, beam, -1)[:, :, step - 1, None]
-            flat = lp.reshape(bsz, -1)
-            order = best_first(flat, min(cand_size, flat.shape[1] - 1))
-            cand_scores = np.take_along_axis(flat, order, axis=1)
-            cand_beams, cand_indices = order // vocab, order % vocab
+            cand_beams, cand_indices = candidates // vocab, candidates % vocab
             offsets = (np.arange(bsz) * beam)[:, None]
             cand_bbsz_idx = cand_beams + offsets
 
@@ -415,47 +419,39 @@ class Translator:
         return results
 
 
-def best_first(scores: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of each row's k highest scores, highest first, ties to the lower index
-    (a stable sort's order): a partition and a sort of k columns, not a sort of beam x
-    vocabulary ones; a row whose k-th score is tied with one left out is sorted whole."""
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    values = np.take_along_axis(scores, top, axis=1)
-    kth = values.min(axis=1, keepdims=True)
-    for row in np.flatnonzero((scores == kth).sum(axis=1) != (values == kth).sum(axis=1)):
-        top[row] = np.argsort(-scores[row], kind="stable")[:k]
-    values = np.take_along_axis(scores, top, axis=1)
-    return np.take_along_axis(top, np.lexsort((top, -values), axis=1), axis=1)
-
-
 class SelfAttentionCache:
     """Each decoder layer's self-attention keys and values of every position decoded so far
-    (export/transformer._cached_self_attention), written once per position: position t of the
-    hypothesis in row j is slot t * rows + j, and beam search reorders each hypothesis's list of
-    slots (``history``), N x t integers, not the buffers. The decoder graph still gathers each
-    hypothesis's N x t x D keys and values from its slots, per layer and step."""
+    (export/transformer._cached_self_attention), in tables of rows of D/H that ONNX Runtime reads
+    and writes in place: the keys of position t of the hypothesis in row j are rows
+    (t * rows + j) * H + h, h = 0 .. H - 1, written by the decoder step itself (its outputs are
+    bound to them). Beam search reorders each hypothesis's list of slots t * rows + j, N x t
+    integers, never the tables; the decoder graph gathers each hypothesis's N x t x D keys and
+    values from them, per layer and step."""
 
     def __init__(self, layers: List[dict], rows: int, steps: int, ort_value):
-        self.rows = rows
-        self.buffers, self.inputs = {}, {}  # by output name (H x steps x rows x D/H), by input name
+        self.rows, self.heads = rows, layers[0]["heads"]  # fairseq's decoder layers have one head count
+        self.tables, self.inputs = {}, {}  # by output name, by input name
         for index, layer in enumerate(layers):
             for part in ("key", "value"):
-                buffer = np.empty((layer["heads"], steps, rows, layer["head_dim"]), np.float32)
-                self.buffers[f"new_{part}_{index}"] = buffer
-                # the same memory, which ONNX Runtime reads in place
-                self.inputs[f"self_{part}_{index}"] = ort_value(buffer.reshape(layer["heads"], -1, layer["head_dim"]))
+                table = np.empty((steps * rows * self.heads, layer["head_dim"]), np.float32)
+                self.tables[f"new_{part}_{index}"] = table
+                self.inputs[f"self_{part}_{index}"] = ort_value(table)  # the same memory
         self.slots = np.zeros((rows, steps), np.int64)
 
     def reorder(self, rows: np.ndarray) -> None:
         self.slots = self.slots[rows]
 
     def history(self, step: int) -> np.ndarray:
-        return np.ascontiguousarray(self.slots[:, :step])
+        """H x N x step: the table row of each head's key and value at each past position."""
+        return self.slots[None, :, :step] * self.heads + np.arange(self.heads)[:, None, None]
 
-    def append(self, step: int, outputs) -> None:
+    def bind_new_position(self, binding, step: int) -> None:
+        """The step's new keys and values (N x H x D/H) are written to the rows of slots step * rows + j."""
         hypotheses = len(self.slots)
-        for name, buffer in self.buffers.items():
-            buffer[:, step, :hypotheses] = outputs[name].numpy()
+        first = step * self.rows * self.heads
+        for name, table in self.tables.items():
+            binding.bind_output(name, "cpu", 0, np.float32, [hypotheses, self.heads, table.shape[1]],
+                                table[first:].ctypes.data)
         self.slots[:, step] = step * self.rows + np.arange(hypotheses)
 
 

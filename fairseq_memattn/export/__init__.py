@@ -5,7 +5,8 @@ Exports ``transformer_memattn`` (both reads; shared or per-layer memories)
 and ``lstm_memattn`` with memory attention. OUT holds ``encoder.onnx``
 (source -> what the decoder reads, projected once per source, and alpha of
 Eq. 4-5 for alignments), ``decoder.onnx`` (one decoder step with its
-self-attention cache, or the LSTM's h and c, as inputs and outputs), ``config.json``, the dictionaries and, when there is one, the
+self-attention cache, or the LSTM's h and c, as inputs and outputs, ending in the beam search's
+choice of candidates), ``config.json``, the dictionaries and, when there is one, the
 sentencepiece model. ``--quantize int8``: ONNX Runtime's dynamic int8
 quantization of every matrix product with a constant weight.
 Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
@@ -15,7 +16,7 @@ import json
 import os
 import shutil
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
              "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 

@@ -7,8 +7,9 @@
   (B x layers x H) through the bridge, from the top layer's final states;
 * decoder step: previous tokens of N hypotheses (N a multiple of B, the
   hypotheses of a source consecutive), h and c (N x layers x H) and, with
-  input feeding, the previous context -> log-probabilities (Eq. 3, or the
-  attention mix), beta (N x K, Eq. 7) and the next state. The memory stays at
+  input feeding, the previous context -> each source's best candidates for
+  the next step from the log-probabilities (Eq. 3, or the attention mix;
+  export/search.py), beta (N x K, Eq. 7) and the next state. The memory stays at
   one row per source; c = beta C (Eq. 6) reads a source's hypotheses together.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..modules.attention import MemoryAttention
 from .graph import FLOAT, INT64, Graph, as_array
+from .search import beam_candidates
 
 
 def check_supported(model) -> None:
@@ -99,7 +101,7 @@ def decoder_graph(model) -> Graph:
     if decoder.attention_mix is not None:
         features = g.op("Tanh", g.linear(features, decoder.attention_mix))
     logits = g.linear(features, decoder.output_projection)
-    g.output(g.op("LogSoftmax", logits, axis=-1), "lprobs", FLOAT, ["hypotheses", "vocab"])
+    beam_candidates(g, logits, len(decoder.dictionary))
     g.output(g.op("Reshape", beta, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
     for name, parts in (("state_h", new_h), ("state_c", new_c)):
         g.output(g.op("Transpose", g.op("Concat", *parts, axis=0), perm=[1, 0, 2]), "new_" + name, FLOAT,

@@ -7,17 +7,18 @@ built from its submodules' weights.
   C W_o^T, B x K x D), and alpha (B x M x S x K) for alignments;
 * decoder step: the previous tokens of N hypotheses (N a multiple of B, the
   hypotheses of a source consecutive), the step, each layer's self-attention
-  cache and each hypothesis's history in it (_cached_self_attention) ->
-  log-probabilities (N x V), the last layer's read weights averaged over
-  heads (N x K) and the new position's keys and values. The memory stays at
-  one row per source: the queries of a source's hypotheses are read
-  together from its row.
+  cache and where each hypothesis's past is in it (_cached_self_attention)
+  -> each source's best candidates for the next step (export/search.py), the
+  last layer's read weights averaged over heads (N x K) and the new
+  position's keys and values. The memory stays at one row per source: the
+  queries of a source's hypotheses are read together from its row.
 """
 
 
 import numpy as np
 
 from .graph import FLOAT, INT64, Graph, as_array
+from .search import beam_candidates
 
 
 def positions_table(embed_positions, count: int) -> np.ndarray:
@@ -131,17 +132,20 @@ def _cached_self_attention(g: Graph, x: str, attention, index: int, new_position
     """fairseq's incremental self-attention for one new position (x: N x D).
 
     The keys and values of earlier positions stay where they were written: the cache of a layer
-    is H x (steps * slots) x D/H, position t of the hypothesis in slot s at t * slots + s, and
-    ``history`` (N x t) holds each hypothesis's own slots. Beam search reorders those indices,
-    never the cache; the new position's key and value are outputs (H x N x D/H) that the
-    translator writes into the cache. Softmax over [past scores, new score] is fairseq's softmax
-    over the concatenated keys."""
+    is a table of rows of D/H, one per head, position and hypothesis, and ``history`` (H x N x t)
+    holds the row of each head's key and value at each of a hypothesis's past positions. Beam
+    search reorders those indices, never the cache. The new position's keys and values are
+    outputs (N x H x D/H) that the translator binds to the cache's next rows, so ONNX Runtime
+    writes them in place. Softmax over [past scores, new score] is fairseq's softmax over the
+    concatenated keys."""
     heads, head_dim = attention.num_heads, attention.head_dim
-    q, k_new, v_new = (g.op("Transpose", g.op("Reshape", y, g.const([-1, heads, 1, head_dim], np.int64)),
-                            perm=[1, 0, 2, 3])  # H x N x 1 x D/H
+    q, k_new, v_new = (g.op("Reshape", y, g.const([-1, heads, head_dim], np.int64))  # N x H x D/H
                        for y in g.linears(x, (attention.q_proj, attention.k_proj, attention.v_proj)))
+    new_positions += [(k_new, f"new_key_{index}", heads, head_dim), (v_new, f"new_value_{index}", heads, head_dim)]
+    q, k_new, v_new = (g.op("Unsqueeze", g.op("Transpose", y, perm=[1, 0, 2]), g.const([2], np.int64))
+                       for y in (q, k_new, v_new))  # H x N x 1 x D/H
     q = g.op("Mul", q, g.const(attention.scaling))
-    k_past, v_past = (g.op("Gather", f"self_{part}_{index}", "history", axis=1)  # H x N x t x D/H
+    k_past, v_past = (g.op("Gather", f"self_{part}_{index}", "history", axis=0)  # H x N x t x D/H
                       for part in ("key", "value"))
     scores = g.op("Concat", g.op("MatMul", q, g.op("Transpose", k_past, perm=[0, 1, 3, 2])),
                   g.op("ReduceSum", g.op("Mul", q, k_new), g.const([-1], np.int64), keepdims=1), axis=-1)
@@ -150,8 +154,6 @@ def _cached_self_attention(g: Graph, x: str, attention, index: int, new_position
     w_past = g.op("Slice", weights, g.const([0], np.int64), last, last)
     w_new = g.op("Slice", weights, last, g.const([np.iinfo(np.int64).max], np.int64), last)
     out = g.op("Add", g.op("MatMul", w_past, v_past), g.op("Mul", w_new, v_new))  # H x N x 1 x D/H
-    for value, part in ((k_new, "key"), (v_new, "value")):
-        new_positions.append((g.op("Reshape", value, g.const([heads, -1, head_dim], np.int64)), f"new_{part}_{index}"))
     out = g.op("Reshape", g.op("Transpose", out, perm=[1, 0, 2, 3]), g.const([-1, attention.embed_dim], np.int64))
     return g.linear(out, attention.out_proj)
 
@@ -162,11 +164,10 @@ def decoder_graph(model, activation: str) -> Graph:
     g = Graph("memattn_transformer_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
-    g.input("history", INT64, ["hypotheses", "past"])  # see _cached_self_attention
+    g.input("history", INT64, [decoder.layers[0].self_attn.num_heads, "hypotheses", "past"])  # see below
     for index, layer in enumerate(decoder.layers):
-        shape = [layer.self_attn.num_heads, "slots", layer.self_attn.head_dim]
         for part in ("key", "value"):
-            g.input(f"self_{part}_{index}", FLOAT, shape)
+            g.input(f"self_{part}_{index}", FLOAT, ["cache_rows", layer.self_attn.head_dim])
     memories = []
     names = iter(memory_names(model))
     for layer in decoder.layers:
@@ -194,11 +195,11 @@ def decoder_graph(model, activation: str) -> Graph:
     logits = g.op("MatMul", x, g.weight(as_array(decoder.output_projection.weight).T, "output_projection"))
     if getattr(decoder.output_projection, "bias", None) is not None:
         logits = g.op("Add", logits, g.weight(decoder.output_projection.bias, "output_bias"))
-    g.output(g.op("LogSoftmax", logits, axis=-1), "lprobs", FLOAT, ["hypotheses", "vocab"])
+    beam_candidates(g, logits, len(decoder.dictionary))
     # the last layer's read weights over the K rows, mean over heads (fairseq's alignment layer)
     g.output(g.op("Reshape", weights, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
-    for value, name in new_positions:
-        g.output(value, name, FLOAT, [None, "hypotheses", None])
+    for value, name, heads, head_dim in new_positions:
+        g.output(value, name, FLOAT, ["hypotheses", heads, head_dim])
     return g
 
 
