@@ -157,6 +157,26 @@ def edit_config(**changes):
 
 
 @pytest.mark.slow
+def test_session_options_reach_both_graphs(trained, tmp_path):
+    """Translator(session_options=...) runs both graphs with them (here ONNX Runtime's profiler), with
+    the same hypotheses as the default options."""
+    import onnxruntime as ort
+
+    _, folder = trained("attention")
+    options = ort.SessionOptions()
+    options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "profile")
+    profiled, plain = Translator(str(folder), session_options=options), Translator(str(folder), threads=1)
+    sources = [plain.src_dict.encode(" ".join(plain.src_dict.symbols[4:4 + n])) for n in (3, 6)]
+    assert ([[h["tokens"].tolist() for h in r] for r in profiled.translate_ids(sources, beam=3)]
+            == [[h["tokens"].tolist() for h in r] for r in plain.translate_ids(sources, beam=3)])
+    for session in (profiled.encoder, profiled.decoder):
+        path = session.end_profiling()
+        with open(path) as f:
+            assert any(event.get("cat") == "Node" for event in json.load(f))
+        os.remove(path)  # the other graph's profile may take the same file name
+
+
+@pytest.mark.slow
 def test_cli_names_the_broken_file_in_one_line(trained, tmp_path):
     _, folder = trained("attention")
     cases = {

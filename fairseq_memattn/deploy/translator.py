@@ -130,14 +130,18 @@ class Translator:
     # and smaller runs stay in cache
     encoder_tokens_per_run = 8192
 
-    def __init__(self, folder: str, threads: Optional[int] = None, providers=None):
+    def __init__(self, folder: str, threads: Optional[int] = None, providers=None, session_options=None):
+        """``session_options``: ONNX Runtime's SessionOptions for both graphs (profiling, say),
+        instead of the default: ``threads`` intra-op threads and every graph optimization."""
         self.config = read_config(folder)
         ort = require_onnxruntime()
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = session_options
+        if options is None:
+            options = ort.SessionOptions()
+            if threads:
+                options.intra_op_num_threads = threads
+                options.inter_op_num_threads = 1
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
         self.ort = ort
         self.encoder = load_session(ort, os.path.join(folder, "encoder.onnx"), options, providers)

@@ -7,7 +7,9 @@ Translator decoding one sentence at a time:
 
 MODEL is a folder written by fairseq-memattn-export. The sentences are --input's first lines,
 or random strings of the source dictionary's symbols (--lengths tokens). "one at a time" calls
-Translator.translate_ids on each sentence in turn, without HTTP; each server row has N clients,
+Translator.translate_ids on each sentence in turn, without HTTP; "batches of N" (N the most clients)
+translates them all in one call, sorted by length into batches of N: about the most a server with N
+clients can reach. Each server row has N clients,
 each posting one sentence per request and waiting for its answer before the next, until all
 sentences are translated. The server runs in this process (its event loop in a thread, the ONNX
 work in its worker thread), the clients in the main thread's event loop. Latency is a request's
@@ -104,6 +106,12 @@ def main(argv=None):
     start = time.perf_counter()
     latencies = one_at_a_time(translator, codec, lines, options)
     table.append(row("Translator, one at a time", latencies, time.perf_counter() - start))
+    batch = max(args.clients, default=1)  # the engine's own batched throughput: what bounds the server's
+    sources = [codec.source(line)[1] for line in lines]
+    start = time.perf_counter()
+    translator.translate_ids(sources, max_tokens=args.max_tokens, batch_size=batch, **options)
+    table.append(f"| Translator, batches of {batch} sorted by length | {len(lines) / (time.perf_counter() - start):.1f}"
+                 f" | | |")
     search = dict(lenpen=1.0, max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=1, unk_penalty=0.0,
                   normalize_scores=True)
     app = make_app(translator, codec, search, beam=args.beam, window=args.batch_window_ms / 1000,
