@@ -44,8 +44,7 @@ setup(
         # fairseq-memattn-export and fairseq_memattn.deploy (ONNX Runtime); never needed for training.
         # The translator alone needs numpy, onnxruntime and sentencepiece: docs/deploying.md installs
         # it with --no-deps, without torch and fairseq.
-        # onnxruntime 1.20 is the first with DecoderMaskedMultiHeadAttention on CPU (the decoder step's cache).
-        "deploy": ["onnx", "onnxruntime>=1.20"],
+        "deploy": ["onnx", "onnxruntime"],
         # fairseq-memattn-serve, the HTTP server over the translator.
         "serve": ["aiohttp>=3.9"],
     },

@@ -9,7 +9,7 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from fairseq_memattn.export.graph import FLOAT, INT64, Graph  # noqa: E402
+from fairseq_memattn.export.graph import FLOAT, Graph  # noqa: E402
 from fairseq_memattn.export.search import beam_candidates  # noqa: E402
 
 PAD, EOS, UNK = 1, 2, 3
@@ -23,7 +23,7 @@ def session(graph: Graph):
 
 def search_session(vocab: int):
     g = Graph("search")
-    beam_candidates(g, g.input("logits", FLOAT, ["hypotheses", vocab]), vocab, g.input("beam", INT64, [1]))
+    beam_candidates(g, g.input("logits", FLOAT, ["hypotheses", vocab]), vocab)
     return session(g)
 
 

@@ -9,8 +9,8 @@ SequenceGenerator run on each source alone. What the encoder derives from a
 source (the memory, projected once per source) stays at one row per source
 for all its hypotheses, as ``modules/beam_sharing.py`` keeps it in fairseq;
 only the decoder's own state is reordered per hypothesis: the LSTM's h and c,
-or for the Transformer each hypothesis's list of the beams whose rows of the
-self-attention cache hold its past positions (``SelfAttentionCache``). The log-probabilities stay in the graph: it
+or for the Transformer each hypothesis's list of slots in a self-attention
+cache (``SelfAttentionCache``). The log-probabilities stay in the graph: it
 ends in the beam search's choice of candidates (export/search.py), and the
 translator keeps the hypotheses.
 
@@ -31,7 +31,7 @@ import numpy as np
 
 NEG_INF = np.float32(-np.inf)
 # config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
-FORMAT_VERSIONS = (3,)
+FORMAT_VERSIONS = (2,)
 CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
                "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
                "max_target_positions")
@@ -202,25 +202,26 @@ class Translator:
         one target position; row j continues row reorder[j] of the previous step, ``search`` holds
         the inputs of export/search.py. The state and the memory stay in ONNX Runtime's memory
         (OrtValues bound to the graph's inputs and outputs), and the new position's keys and values
-        are written into the cache in place."""
+        are written straight into the cache."""
         arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
         values = {**state, **memory}
-        binding = self.decoder.io_binding()
         if cache is None:  # the state is reordered by the graph
             arrays["reorder"] = reorder
         else:
             cache.reorder(reorder)
-            cache.bind(binding)
+            arrays["history"] = cache.history(step)
+            values.update(cache.inputs)
+        binding = self.decoder.io_binding()
         for name, value in arrays.items():
             binding.bind_cpu_input(name, value)
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
         for name in self.decoder_outputs:
-            if cache is None or not name.startswith("present_"):
+            if cache is None or name not in cache.tables:
                 binding.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(binding)
         if cache is not None:
-            cache.written(step)
+            cache.bind_new_position(binding, step)
+        self.decoder.run_with_iobinding(binding)
         outputs = dict(zip(self.decoder_outputs, binding.get_outputs()))
         new_state = {name: outputs["new_" + name] for name in state}
         return (outputs["candidate_scores"].numpy(), outputs["candidate_indices"].numpy(),
@@ -253,7 +254,7 @@ class Translator:
         memory = {name: ort_value(value) for name, value in memory_rows.items()}
         state = {name: ort_value(value) for name, value in self.initial_state(encoded, bsz * beam).items()}
         layers = self.config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
-        cache = SelfAttentionCache(layers, bsz * beam, max_len + 1, beam, ort_value) if layers else None
+        cache = SelfAttentionCache(layers, bsz * beam, max_len + 1, ort_value) if layers else None
         vocab = len(self.tgt_dict)
         cand_size = 2 * beam
         # export/search.py's edits: after --min-len (row 0), before it (1), at the maximum length (2)
@@ -275,12 +276,8 @@ class Translator:
         remaining = bsz
         reorder, state_rows = np.arange(bsz * beam), None
         for step in range(max_len + 1):
-            if state_rows is not None:  # sentences were dropped
-                if cache is not None:  # the cache keeps the rows of the others
-                    cache.keep(state_rows, step)
-                else:  # the graph reorders the state: rows of the state before the drop
-                    reorder = state_rows[reorder]
-                state_rows = None
+            if state_rows is not None:  # sentences were dropped: rows of the state before the drop
+                reorder, state_rows = state_rows[reorder], None
             search = {
                 "lprob_edits": lprob_edits,
                 "edit_rows": np.where(np.repeat(max_lens[sentence_ids] <= step, beam), 2, int(step < min_len)),
@@ -427,41 +424,39 @@ class Translator:
 
 
 class SelfAttentionCache:
-    """Each decoder layer's self-attention keys and values, one row per hypothesis (N x H x max_len x
-    D/H), which the decoder step reads and extends in place (export/transformer._cached_self_attention).
-    Beam search does not move them: ``beams`` (N x max_len) holds, for each hypothesis and position
-    decoded so far, the beam of its source whose row holds that position's key and value (the
-    graph's cache_indirection). Rows are copied only when sentences leave the batch."""
+    """Each decoder layer's self-attention keys and values of every position decoded so far
+    (export/transformer._cached_self_attention), in tables of rows of D/H that ONNX Runtime reads
+    and writes in place: the keys of position t of the hypothesis in row j are rows
+    (t * rows + j) * H + h, h = 0 .. H - 1, written by the decoder step itself (its outputs are
+    bound to them). Beam search reorders each hypothesis's list of slots t * rows + j, N x t
+    integers, never the tables; the decoder graph gathers each hypothesis's N x t x D keys and
+    values from them, per layer and step."""
 
-    def __init__(self, layers: List[dict], rows: int, steps: int, beam: int, ort_value):
-        self.beam, self.ort_value = beam, ort_value
-        self.tables = {f"{part}_{index}": np.empty((rows, layer["heads"], steps, layer["head_dim"]), np.float32)
-                       for index, layer in enumerate(layers) for part in ("key", "value")}
-        self.values = {name: ort_value(table) for name, table in self.tables.items()}  # the same memory
-        self.beams = np.zeros((rows, steps), np.int32)
+    def __init__(self, layers: List[dict], rows: int, steps: int, ort_value):
+        self.rows, self.heads = rows, layers[0]["heads"]  # fairseq's decoder layers have one head count
+        self.tables, self.inputs = {}, {}  # by output name, by input name
+        for index, layer in enumerate(layers):
+            for part in ("key", "value"):
+                table = np.empty((steps * rows * self.heads, layer["head_dim"]), np.float32)
+                self.tables[f"new_{part}_{index}"] = table
+                self.inputs[f"self_{part}_{index}"] = ort_value(table)  # the same memory
+        self.slots = np.zeros((rows, steps), np.int64)
 
     def reorder(self, rows: np.ndarray) -> None:
-        """Row j continues the hypothesis of row rows[j] (of the same source)."""
-        self.beams = self.beams[rows]
+        self.slots = self.slots[rows]
 
-    def keep(self, rows: np.ndarray, step: int) -> None:
-        """Only these rows stay (the sentences of the others are finished): their first ``step`` positions."""
+    def history(self, step: int) -> np.ndarray:
+        """H x N x step: the table row of each head's key and value at each past position."""
+        return self.slots[None, :, :step] * self.heads + np.arange(self.heads)[:, None, None]
+
+    def bind_new_position(self, binding, step: int) -> None:
+        """The step's new keys and values (N x H x D/H) are written to the rows of slots step * rows + j."""
+        hypotheses = len(self.slots)
+        first = step * self.rows * self.heads
         for name, table in self.tables.items():
-            kept = np.empty((len(rows), *table.shape[1:]), np.float32)
-            kept[:, :, :step] = table[rows, :, :step]
-            self.tables[name], self.values[name] = kept, self.ort_value(kept)
-        self.beams = self.beams[rows]
-
-    def bind(self, binding) -> None:
-        """The cache as the step's inputs and, the same buffers, its outputs."""
-        binding.bind_cpu_input("cache_indirection", self.beams.reshape(-1, self.beam, self.beams.shape[1]))
-        for name, value in self.values.items():
-            binding.bind_ortvalue_input("self_" + name, value)
-            binding.bind_ortvalue_output("present_" + name, value)
-
-    def written(self, step: int) -> None:
-        """Each row wrote position ``step`` in its own row."""
-        self.beams[:, step] = np.arange(len(self.beams)) % self.beam
+            binding.bind_output(name, "cpu", 0, np.float32, [hypotheses, self.heads, table.shape[1]],
+                                table[first:].ctypes.data)
+        self.slots[:, step] = step * self.rows + np.arange(hypotheses)
 
 
 # Padded source tokens per batch. The decoder's state and self-attention cache grow with

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 2
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
              "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 

@@ -101,7 +101,7 @@ def decoder_graph(model) -> Graph:
     if decoder.attention_mix is not None:
         features = g.op("Tanh", g.linear(features, decoder.attention_mix))
     logits = g.linear(features, decoder.output_projection)
-    beam_candidates(g, logits, len(decoder.dictionary), g.input("beam", INT64, [1]))
+    beam_candidates(g, logits, len(decoder.dictionary))
     g.output(g.op("Reshape", beta, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
     for name, parts in (("state_h", new_h), ("state_c", new_c)):
         g.output(g.op("Transpose", g.op("Concat", *parts, axis=0), perm=[1, 0, 2]), "new_" + name, FLOAT,

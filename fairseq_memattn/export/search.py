@@ -9,8 +9,7 @@ Inputs, set by the translator each step (deploy/translator.py):
   --min-len, and -inf at every token but EOS for a hypothesis at its maximum length;
 * ``hypothesis_scores`` (N): each hypothesis's cumulative score, added to its row (at step 0, 0
   for a source's first hypothesis and -inf for the others: fairseq starts from the first alone);
-* ``candidates`` (1): how many candidates to keep; ``beam`` (1), hypotheses per source, is the
-  decoder graph's input.
+* ``beam`` and ``candidates`` (1 each): hypotheses per source, and how many candidates to keep.
 
 Outputs: ``candidate_scores`` and ``candidate_indices`` (sources x candidates), the best
 (hypothesis, token) pairs of each source, best first, index = hypothesis x V + token. ONNX's TopK
@@ -24,10 +23,11 @@ import numpy as np
 from .graph import FLOAT, INT64, Graph
 
 
-def beam_candidates(g: Graph, logits: str, vocab: int, beam: str) -> None:
+def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     edits = g.input("lprob_edits", FLOAT, ["edits", vocab])
     edit_rows = g.input("edit_rows", INT64, ["hypotheses"])
     scores = g.input("hypothesis_scores", FLOAT, ["hypotheses"])
+    beam = g.input("beam", INT64, [1])
     k = g.input("candidates", INT64, [1])
     last = g.const([-1], np.int64)
     lprobs = g.op("LogSoftmax", logits, axis=-1)

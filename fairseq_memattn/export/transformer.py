@@ -16,7 +16,6 @@ built from its submodules' weights.
 
 
 import numpy as np
-from onnx import TensorProto
 
 from .graph import FLOAT, INT64, Graph, as_array
 from .search import beam_candidates
@@ -129,26 +128,34 @@ def encoder_graph(model, activation: str) -> Graph:
 
 # --- one decoder step ------------------------------------------------------------
 
-def _cached_self_attention(g: Graph, x: str, attention, index: int, cache_inputs: dict):
-    """fairseq's incremental self-attention for one new position (x: N x D), by ONNX Runtime's
-    DecoderMaskedMultiHeadAttention over this layer's cache.
+def _cached_self_attention(g: Graph, x: str, attention, index: int, new_positions: list):
+    """fairseq's incremental self-attention for one new position (x: N x D).
 
-    The cache holds one row per hypothesis, N x H x max_len x D/H for keys and for values; the
-    step writes the new position's key and value in place (its past and present are one buffer).
-    Beam search never moves it: ``cache_indirection`` (sources x beam x max_len) gives, for each
-    hypothesis and past position, the beam of its source whose row holds that position. Softmax
-    over the past positions and the new one is fairseq's softmax over the concatenated keys."""
+    The keys and values of earlier positions stay where they were written: the cache of a layer
+    is a table of rows of D/H, one per head, position and hypothesis, and ``history`` (H x N x t)
+    holds the row of each head's key and value at each of a hypothesis's past positions. Beam
+    search reorders those indices, never the cache. The new position's keys and values are
+    outputs (N x H x D/H) that the translator binds to the cache's next rows, so ONNX Runtime
+    writes them in place. Softmax over [past scores, new score] is fairseq's softmax over the
+    concatenated keys."""
     heads, head_dim = attention.num_heads, attention.head_dim
-    q, k, v = (g.op("Reshape", y, g.const([-1, 1, attention.embed_dim], np.int64))  # N x 1 x D
-               for y in g.linears(x, (attention.q_proj, attention.k_proj, attention.v_proj)))
-    names = [f"self_{part}_{index}" for part in ("key", "value")]
-    out, present_key, present_value = g.op(
-        "DecoderMaskedMultiHeadAttention", q, k, v, "", "", *names, cache_inputs["past_length"],
-        cache_inputs["beam_width"], "cache_indirection", outputs=3, domain="com.microsoft", num_heads=heads,
-        past_present_share_buffer=1, scale=float(attention.scaling))
-    for value, name in ((present_key, names[0]), (present_value, names[1])):
-        g.output(value, "present_" + name[len("self_"):], FLOAT, ["hypotheses", heads, "max_len", head_dim])
-    return g.linear(g.op("Reshape", out, g.const([-1, attention.embed_dim], np.int64)), attention.out_proj)
+    q, k_new, v_new = (g.op("Reshape", y, g.const([-1, heads, head_dim], np.int64))  # N x H x D/H
+                       for y in g.linears(x, (attention.q_proj, attention.k_proj, attention.v_proj)))
+    new_positions += [(k_new, f"new_key_{index}", heads, head_dim), (v_new, f"new_value_{index}", heads, head_dim)]
+    q, k_new, v_new = (g.op("Unsqueeze", g.op("Transpose", y, perm=[1, 0, 2]), g.const([2], np.int64))
+                       for y in (q, k_new, v_new))  # H x N x 1 x D/H
+    q = g.op("Mul", q, g.const(attention.scaling))
+    k_past, v_past = (g.op("Gather", f"self_{part}_{index}", "history", axis=0)  # H x N x t x D/H
+                      for part in ("key", "value"))
+    scores = g.op("Concat", g.op("MatMul", q, g.op("Transpose", k_past, perm=[0, 1, 3, 2])),
+                  g.op("ReduceSum", g.op("Mul", q, k_new), g.const([-1], np.int64), keepdims=1), axis=-1)
+    weights = g.op("Softmax", scores, axis=-1)  # H x N x 1 x (t + 1)
+    last = g.const([-1], np.int64)
+    w_past = g.op("Slice", weights, g.const([0], np.int64), last, last)
+    w_new = g.op("Slice", weights, last, g.const([np.iinfo(np.int64).max], np.int64), last)
+    out = g.op("Add", g.op("MatMul", w_past, v_past), g.op("Mul", w_new, v_new))  # H x N x 1 x D/H
+    out = g.op("Reshape", g.op("Transpose", out, perm=[1, 0, 2, 3]), g.const([-1, attention.embed_dim], np.int64))
+    return g.linear(out, attention.out_proj)
 
 
 def decoder_graph(model, activation: str) -> Graph:
@@ -157,11 +164,10 @@ def decoder_graph(model, activation: str) -> Graph:
     g = Graph("memattn_transformer_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
-    g.input("cache_indirection", TensorProto.INT32, ["sources", "beam", "max_len"])  # see _cached_self_attention
+    g.input("history", INT64, [decoder.layers[0].self_attn.num_heads, "hypotheses", "past"])  # see below
     for index, layer in enumerate(decoder.layers):
         for part in ("key", "value"):
-            g.input(f"self_{part}_{index}", FLOAT,
-                    ["hypotheses", layer.self_attn.num_heads, "max_len", layer.self_attn.head_dim])
+            g.input(f"self_{part}_{index}", FLOAT, ["cache_rows", layer.self_attn.head_dim])
     memories = []
     names = iter(memory_names(model))
     for layer in decoder.layers:
@@ -170,13 +176,10 @@ def decoder_graph(model, activation: str) -> Graph:
                          for part in read.memory_parts})
     # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
     x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
-    beam = g.input("beam", INT64, [1])  # hypotheses per source
-    cache_inputs = {"past_length": g.op("Cast", step, to=TensorProto.INT32),
-                    "beam_width": g.op("Cast", beam, to=TensorProto.INT32)}
-    weights = None
+    new_positions, weights = [], None
     for index, layer in enumerate(decoder.layers):
         x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
-                      lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, cache_inputs))
+                      lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, new_positions))
 
         def read_memory(y, read=layer.encoder_attn, memory=memories[index]):
             nonlocal weights
@@ -192,9 +195,11 @@ def decoder_graph(model, activation: str) -> Graph:
     logits = g.op("MatMul", x, g.weight(as_array(decoder.output_projection.weight).T, "output_projection"))
     if getattr(decoder.output_projection, "bias", None) is not None:
         logits = g.op("Add", logits, g.weight(decoder.output_projection.bias, "output_bias"))
-    beam_candidates(g, logits, len(decoder.dictionary), beam)
+    beam_candidates(g, logits, len(decoder.dictionary))
     # the last layer's read weights over the K rows, mean over heads (fairseq's alignment layer)
     g.output(g.op("Reshape", weights, g.const([-1, K], np.int64)), "read_weights", FLOAT, ["hypotheses", K])
+    for value, name, heads, head_dim in new_positions:
+        g.output(value, name, FLOAT, ["hypotheses", heads, head_dim])
     return g
 
 
