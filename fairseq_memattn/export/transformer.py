@@ -164,7 +164,7 @@ def decoder_graph(model, activation: str) -> Graph:
     g = Graph("memattn_transformer_decoder_step")
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
-    g.input("history", INT64, [decoder.layers[0].self_attn.num_heads, "hypotheses", "past"])  # see below
+    g.input("history", INT64, [decoder.layers[0].self_attn.num_heads, "hypotheses", "past"])  # _cached_self_attention
     for index, layer in enumerate(decoder.layers):
         for part in ("key", "value"):
             g.input(f"self_{part}_{index}", FLOAT, ["cache_rows", layer.self_attn.head_dim])
