@@ -57,6 +57,18 @@ def require_onnxruntime():
     return onnxruntime
 
 
+def default_session_options(threads: Optional[int] = None):
+    """The translator's ONNX Runtime SessionOptions: ``threads`` intra-op threads (ONNX Runtime's
+    default if None) and every graph optimization."""
+    ort = require_onnxruntime()
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
 def read_config(folder: str) -> dict:
     """config.json of an exported model, checked for its format version and the keys the translator reads."""
     if not os.path.isdir(folder):
@@ -135,13 +147,7 @@ class Translator:
         instead of the default: ``threads`` intra-op threads and every graph optimization."""
         self.config = read_config(folder)
         ort = require_onnxruntime()
-        options = session_options
-        if options is None:
-            options = ort.SessionOptions()
-            if threads:
-                options.intra_op_num_threads = threads
-                options.inter_op_num_threads = 1
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = session_options if session_options is not None else default_session_options(threads)
         providers = providers or ["CPUExecutionProvider"]
         self.ort = ort
         self.encoder = load_session(ort, os.path.join(folder, "encoder.onnx"), options, providers)

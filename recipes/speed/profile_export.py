@@ -73,14 +73,10 @@ def operator_times(profile_path: str):
 
 def main(argv=None):
     args = parse_args(argv)
-    import onnxruntime as ort
-
-    from fairseq_memattn.deploy import Translator
+    from fairseq_memattn.deploy.translator import Translator, default_session_options
 
     def translator(model=args.model, profile_prefix=None):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = default_session_options(args.threads)
         if profile_prefix:
             options.enable_profiling, options.profile_file_prefix = True, profile_prefix
         return Translator(model, session_options=options)
