@@ -335,3 +335,52 @@ def test_a_full_queue_gets_503_at_once(server, trained):
         assert decoding.result()[0] == 200 and waiting.result()[0] == 200
     assert waiting.result()[1]["results"][0][0]["pieces"] == \
         alone(Translator(str(trained("attention")[1])), "4 5 6", beam=5, max_len_a=1.0, max_len_b=2)[0][0]
+
+
+class Counting(Translator):
+    """A Translator whose decoding waits for ``gate``; ``decoding`` counts the calls under way."""
+
+    def translate_ids(self, sources, **options):
+        with self.lock:
+            self.decoding += 1
+            self.most = max(self.most, self.decoding)
+        try:
+            assert self.gate.wait(timeout=120)
+            return super().translate_ids(sources, **options)
+        finally:
+            with self.lock:
+                self.decoding -= 1
+
+
+@pytest.mark.slow
+def test_workers_decode_batches_at_once(server, trained):
+    folder = str(trained("attention")[1])
+    translator = Counting(folder, threads=1)
+    translator.lock, translator.gate, translator.decoding, translator.most = threading.Lock(), threading.Event(), 0, 0
+    url, _, _ = server(translator, window=0.05, workers=2)
+    lines = ["3 1", "4 5 6", "7 2 9 8", "1", "6 6 2", "5 0 3 8 1"]
+    with ThreadPoolExecutor(len(lines)) as pool:
+        answers = [pool.submit(post, url, {"text": [line]}) for line in lines]
+        deadline = time.monotonic() + 60
+        while translator.decoding < 2:  # both workers hold a batch before either may decode
+            assert time.monotonic() < deadline, translator.decoding
+            time.sleep(0.01)
+        translator.gate.set()
+        answers = [answer.result() for answer in answers]
+    assert translator.most == 2
+    reference = Translator(folder)
+    for line, (status, answer) in zip(lines, answers):
+        assert status == 200, answer
+        assert answer["results"][0][0]["pieces"] == alone(reference, line, beam=5, max_len_a=1.0, max_len_b=2)[0][0]
+
+
+def test_serve_options_split_the_cores_among_workers(capsys):
+    pytest.importorskip("aiohttp", reason="the server needs the optional extra 'serve' (aiohttp)")
+    from fairseq_memattn.cli.serve import parse_args
+
+    assert parse_args(["model", "--workers", "2"])[1].threads == max(1, (os.cpu_count() or 1) // 2)
+    assert parse_args(["model", "--workers", "2", "--threads", "3"])[1].threads == 3
+    assert parse_args(["model"])[1].threads is None  # ONNX Runtime's default
+    with pytest.raises(SystemExit):
+        parse_args(["model", "--workers", "0"])
+    assert "invalid --workers: 0 (must be >= 1)" in capsys.readouterr().err

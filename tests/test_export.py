@@ -5,6 +5,7 @@ copy-task models trained by fairseq-train. Skipped without onnxruntime
 (the optional extra ``deploy``). The command line and the server:
 test_deploy.py, on the models ``trained`` makes here."""
 
+import logging
 import os
 import re
 import subprocess
@@ -179,9 +180,11 @@ def test_alignments_and_scores_equal_sequence_generators(trained, variant):
 
 
 @pytest.mark.slow
-def test_int8_export_is_close_and_smaller(trained, tmp_path):
+def test_int8_export_is_close_and_smaller(trained, tmp_path, caplog):
     checkpoint, folder = trained("attention")
-    export(str(checkpoint), str(tmp_path), quantize="int8")
+    with caplog.at_level(logging.DEBUG):
+        export(str(checkpoint), str(tmp_path), quantize="int8")
+    assert not [r for r in caplog.records if r.name == "root"], caplog.text[:500]  # quantization's chatter
     size = lambda f: os.path.getsize(os.path.join(f, "decoder.onnx"))  # noqa: E731
     assert size(tmp_path) < 0.6 * size(folder)
     sources = [[4 + (i * 7 + j) % 10 for j in range(i % 8 + 1)] + [2] for i in range(12)]

@@ -7,8 +7,10 @@
     GET  /info       -> the model's config.json and the server's limits
 
 Requests waiting, and those arriving within --batch-window-ms of the first, are decoded together
-(up to --max-tokens source tokens per batch) on one worker thread, so the event loop keeps
-answering. Waiting requests are bounded by --queue-size: beyond it a request gets 503 at once.
+(up to --max-tokens source tokens per batch) on worker threads, so the event loop keeps answering.
+With --workers W, up to W batches decode at once (ONNX Runtime runs a session's calls in parallel;
+on C cores, W x --threads = C): a batch is split among the workers that are free. Waiting requests
+are bounded by --queue-size: beyond it a request gets 503 at once.
 Malformed requests get 400, sources longer than the model or --max-tokens 413.
 """
 
@@ -42,16 +44,20 @@ class Job:
 
 
 class Batcher:
-    """Requests queued as they arrive and decoded together on one worker thread: those waiting
-    and those arriving within ``window`` seconds of the first, up to ``max_tokens`` source tokens,
-    make a batch; requests with the same beam and alignment share ``translate_ids`` calls."""
+    """Requests queued as they arrive and decoded together on ``workers`` threads: when a worker is
+    free, those waiting and those arriving within ``window`` seconds of the first, up to
+    ``max_tokens`` source tokens, make a batch, split by source tokens among the free workers;
+    requests with the same beam and alignment share ``translate_ids`` calls."""
 
-    def __init__(self, translator, options: dict, window: float, max_tokens: int, queue_size: int):
+    def __init__(self, translator, options: dict, window: float, max_tokens: int, queue_size: int,
+                 workers: int = 1):
         self.translator, self.options = translator, options
         self.window, self.max_tokens = window, max_tokens
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=queue_size)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="translate")
-        self.task: Optional[asyncio.Task] = None
+        self.workers = self.free = workers
+        self.freed = asyncio.Event()
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="translate")
+        self.tasks: set = set()
 
     async def translate(self, sources: List[List[int]], beam: int, alignment: bool) -> List[List[dict]]:
         job = Job(sources, beam, alignment, asyncio.get_running_loop().create_future())
@@ -62,29 +68,51 @@ class Batcher:
                 from None
         return await job.future
 
-    async def run(self) -> None:
+    async def collect(self) -> List[Job]:
+        """The next batch: the first waiting job, then those waiting or arriving within the window."""
         loop = asyncio.get_running_loop()
-        while True:
-            jobs = [await self.queue.get()]
-            deadline = loop.time() + self.window
-            while sum(job.tokens for job in jobs) < self.max_tokens:
-                if not self.queue.empty():  # those that came while the last batch was decoded
-                    jobs.append(self.queue.get_nowait())
-                    continue
-                try:
-                    jobs.append(await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time())))
-                except asyncio.TimeoutError:
-                    break
-            try:
-                results = await loop.run_in_executor(self.executor, self.decode, jobs)
-            except Exception as error:  # reported to each request of the batch; the server keeps serving
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(error)
+        jobs = [await self.queue.get()]
+        deadline = loop.time() + self.window
+        while sum(job.tokens for job in jobs) < self.max_tokens:
+            if not self.queue.empty():  # those that came while the workers were busy
+                jobs.append(self.queue.get_nowait())
                 continue
+            try:
+                jobs.append(await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time())))
+            except asyncio.TimeoutError:
+                break
+        return jobs
+
+    async def run(self) -> None:
+        while True:
+            while not self.free:
+                self.freed.clear()
+                await self.freed.wait()
+            jobs = await self.collect()
+            parts = [[] for _ in range(min(self.free, len(jobs)))]
+            for job in sorted(jobs, key=lambda job: -job.tokens):  # the largest first, to the lightest part
+                min(parts, key=lambda part: sum(j.tokens for j in part)).append(job)
+            for part in parts:
+                self.free -= 1
+                task = asyncio.create_task(self.dispatch(part))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def dispatch(self, jobs: List[Job]) -> None:
+        """Decode ``jobs`` on a worker and answer each; the worker is free again after."""
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, jobs)
+        except Exception as error:  # reported to each request of the batch; the server keeps serving
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(error)
+        else:
             for job, result in zip(jobs, results):
                 if not job.future.done():  # a client that went away cancelled its future
                     job.future.set_result(result)
+        finally:
+            self.free += 1
+            self.freed.set()
 
     def decode(self, jobs: List[Job]) -> List[List[List[dict]]]:
         """Each job's hypotheses, one translate_ids call per (beam, alignment) among the jobs."""
@@ -103,7 +131,8 @@ class Batcher:
         self.task = asyncio.create_task(self.run())
 
     async def stop(self, app: web.Application) -> None:
-        self.task.cancel()
+        for task in (self.task, *self.tasks):
+            task.cancel()
         self.executor.shutdown(wait=True)
 
 
@@ -183,14 +212,14 @@ class Server:
     async def info(self, request: web.Request) -> web.Response:
         return web.json_response({"config": self.translator.config, "beam": self.beam, "max_tokens": self.max_tokens,
                                   "max_beam": self.max_beam, "max_sentences": self.max_sentences,
-                                  "queue_size": self.batcher.queue.maxsize, "search": self.options})
+                                  "queue_size": self.batcher.queue.maxsize, "workers": self.batcher.workers, "search": self.options})
 
 
 def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.005, max_tokens: int = MAX_TOKENS,
-             queue_size: int = 64, max_beam: int = 16, max_sentences: int = 256) -> web.Application:
+             queue_size: int = 64, max_beam: int = 16, max_sentences: int = 256, workers: int = 1) -> web.Application:
     """The server's application (``options``: Translator.generate's, beam aside; ``beam``: a request's
     default); its Batcher starts and stops with it."""
-    batcher = Batcher(translator, options, window, max_tokens, queue_size)
+    batcher = Batcher(translator, options, window, max_tokens, queue_size, workers)
     server = Server(translator, codec, options, beam, max_tokens, max_beam, max_sentences, batcher)
     app = web.Application()
     app.add_routes([web.post("/translate", server.translate), web.get("/health", server.health),

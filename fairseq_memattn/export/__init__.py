@@ -13,6 +13,7 @@ Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
 """
 
 import json
+import logging
 import os
 import shutil
 
@@ -85,9 +86,13 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
         if quantize:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            # the type of what ONNX Runtime's own operators output, which onnx's shape inference cannot tell
-            quantize_dynamic(path, path, weight_type=QuantType.QInt8,
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            logging.disable(logging.WARNING)  # its INFO line per tensor on the root logger, its advice to preprocess
+            try:
+                # the type of what ONNX Runtime's own operators output, which onnx's shape inference cannot tell
+                quantize_dynamic(path, path, weight_type=QuantType.QInt8,
+                                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            finally:
+                logging.disable(logging.NOTSET)
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_dict.save(os.path.join(out, "dict.source.txt"))
     tgt_dict.save(os.path.join(out, "dict.target.txt"))

@@ -3,18 +3,17 @@
 Translator decoding one sentence at a time:
 
     python -m recipes.speed.serve MODEL [--input raw.txt] [--sentences 200] [--clients 1 4 16] \\
-        [--beam 5] [--threads 1] [--batch-window-ms 5] [--out results/speed/serve.md]
+        [--beam 5] [--threads 1] [--workers 1] [--batch-window-ms 5] [--out results/speed/serve.md]
 
 MODEL is a folder written by fairseq-memattn-export. The sentences are --input's first lines,
 or random strings of the source dictionary's symbols (--lengths tokens). "one at a time" calls
 Translator.translate_ids on each sentence in turn, without HTTP; "batches of N" (N the most clients)
 translates them all in one call, sorted by length into batches of N: about the most a server with N
-clients can reach. Each server row has N clients,
-each posting one sentence per request and waiting for its answer before the next, until all
-sentences are translated. The server runs in this process (its event loop in a thread, the ONNX
-work in its worker thread), the clients in the main thread's event loop. Latency is a request's
-(or one sentence's) wall time; throughput is sentences per second over the row. Needs the optional
-extras deploy and serve.
+clients can reach. Each server row has N clients, each posting one sentence per request and
+waiting for its answer before the next, until all sentences are translated. The server runs in
+this process (its event loop in a thread, the ONNX work in --workers threads of --threads each),
+the clients in the main thread's event loop. Latency is a request's (or one sentence's) wall time;
+throughput is sentences per second over the row. Needs the optional extras deploy and serve.
 """
 
 import argparse
@@ -38,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--max-len-a", type=float, default=1.2)
     p.add_argument("--max-len-b", type=int, default=10)
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--workers", type=int, default=1, help="the server's batches decoded at once")
     p.add_argument("--batch-window-ms", type=float, default=5.0)
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
@@ -100,7 +100,8 @@ def main(argv=None):
     lines = sentences(args, codec)
     options = dict(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     translator.translate_ids([codec.source(lines[0])[1]], **options)  # warm-up
-    table = [f"{len(lines)} sentences, beam {args.beam}, {args.threads} thread(s), batching window "
+    table = [f"{len(lines)} sentences, beam {args.beam}, {args.threads} thread(s), the server's workers "
+             f"{args.workers}, batching window "
              f"{args.batch_window_ms:g} ms, max tokens {args.max_tokens}", "",
              "| | sentences/s | p50 ms | p95 ms |", "|---|---:|---:|---:|"]
     start = time.perf_counter()
@@ -115,7 +116,7 @@ def main(argv=None):
     search = dict(lenpen=1.0, max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=1, unk_penalty=0.0,
                   normalize_scores=True)
     app = make_app(translator, codec, search, beam=args.beam, window=args.batch_window_ms / 1000,
-                   max_tokens=args.max_tokens, queue_size=max(args.clients, default=1) * 2)
+                   max_tokens=args.max_tokens, queue_size=max(args.clients, default=1) * 2, workers=args.workers)
     with BackgroundServer(app) as server:
         for count in args.clients:
             start = time.perf_counter()
