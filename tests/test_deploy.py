@@ -384,3 +384,25 @@ def test_serve_options_split_the_cores_among_workers(capsys):
     with pytest.raises(SystemExit):
         parse_args(["model", "--workers", "0"])
     assert "invalid --workers: 0 (must be >= 1)" in capsys.readouterr().err
+
+
+class Failing(Translator):
+    """A Translator whose decoding fails on a batch with source token ``poison``."""
+
+    def translate_ids(self, sources, **options):
+        if any(self.poison in source for source in sources):
+            raise RuntimeError("the engine gave up")
+        return super().translate_ids(sources, **options)
+
+
+@pytest.mark.slow
+def test_a_failed_decoding_gets_500_and_the_server_goes_on(server, trained, caplog):
+    translator = Failing(str(trained("attention")[1]), threads=1)
+    translator.poison = translator.src_dict.encode("9")[0]
+    url, _, _ = server(translator, window=0)
+    with caplog.at_level("ERROR", logger="fairseq_memattn.deploy.serve"):
+        assert post(url, {"text": ["3 9 1"]}) == (500, {"error": "decoding failed: the engine gave up"})
+    assert "RuntimeError: the engine gave up" in caplog.text  # the traceback, for whoever runs the server
+    status, answer = post(url, {"text": ["3 1"]})
+    assert status == 200 and answer["results"][0][0]["pieces"] == \
+        alone(translator, "3 1", beam=5, max_len_a=1.0, max_len_b=2)[0][0]

@@ -11,10 +11,12 @@ Requests waiting, and those arriving within --batch-window-ms of the first, are 
 With --workers W, up to W batches decode at once (ONNX Runtime runs a session's calls in parallel;
 on C cores, W x --threads = C): a batch is split among the workers that are free. Waiting requests
 are bounded by --queue-size: beyond it a request gets 503 at once.
-Malformed requests get 400, sources longer than the model or --max-tokens 413.
+Malformed requests get 400, sources longer than the model or --max-tokens 413; a batch whose
+decoding fails gets 500 (the error logged with its traceback) and the server goes on.
 """
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
@@ -25,6 +27,7 @@ from .translator import MAX_TOKENS, SourceError, SourceTooLong
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
 BATCHER = web.AppKey("batcher", "Batcher")
+LOGGER = logging.getLogger(__name__)
 
 
 class RequestError(ValueError):
@@ -203,6 +206,9 @@ class Server:
             results = await self.batcher.translate(sources, beam, alignment) if sources else []
         except RequestError as error:
             return web.json_response({"error": str(error)}, status=error.status)
+        except Exception as error:  # the decoding failed: this request's batch is answered, the server goes on
+            LOGGER.exception("decoding failed")
+            return web.json_response({"error": f"decoding failed: {error}"}, status=500)
         return web.json_response({"results": [[self.hypothesis_json(h, alignment) for h in hypotheses[:nbest]]
                                               for hypotheses in results]})
 
