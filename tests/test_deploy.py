@@ -125,6 +125,53 @@ def test_cli_streams_skips_bad_lines_and_translates_each_line_alone(trained):
         assert [score for _, score in got] == pytest.approx([s / 0.6931471805599453 for _, s in expected], abs=1e-4)
 
 
+class Meeting(Translator):
+    """A Translator whose first two batches must be decoding at the same time (``meet``, a barrier)."""
+
+    def generate(self, src_tokens, **options):
+        if not self.met:
+            self.meet.wait()  # BrokenBarrierError after its timeout if the batches decode one after another
+            self.met = True
+        return super().generate(src_tokens, **options)
+
+
+@pytest.mark.slow
+def test_workers_decode_batches_at_once_with_the_same_hypotheses(trained):
+    folder = str(trained("attention")[1])
+    sources = [[4 + (i * 7 + j) % 10 for j in range(i % 8 + 1)] + [2] for i in range(13)]
+    search = dict(batch_size=3, beam=3, max_len_b=10, alignment=True)
+    expected = Translator(folder, threads=1).translate_ids(sources, **search)
+    translator = Meeting(folder, threads=1)
+    translator.meet, translator.met = threading.Barrier(2, timeout=60), False
+    got = translator.translate_ids(sources, workers=2, **search)
+    for mine, theirs in zip(got, expected):
+        assert [h["tokens"].tolist() for h in mine] == [h["tokens"].tolist() for h in theirs]
+        assert [h["score"] for h in mine] == [h["score"] for h in theirs]
+        assert [h["alignment"] for h in mine] == [h["alignment"] for h in theirs]
+    lines = "".join(" ".join(map(str, source[:-1])) + "\n" for source in sources)
+    one, two = (run_cli(folder, "--buffer-size", "13", "--batch-size", "3", "--threads", "1", "--workers", workers,
+                        stdin=lines) for workers in ("1", "2"))
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout and one.stdout.count("H-") == len(sources)
+
+
+@pytest.mark.slow
+def test_parallel_benchmark_gives_each_setting_the_same_outputs(trained, tmp_path):
+    """recipes/speed/parallel.py on the export alone (CTranslate2 is optional): one row, whose three
+    settings (1 thread, 2 threads, 2 batches at once) produced the same output tokens."""
+    source = tmp_path / "pieces.txt"
+    source.write_text("".join(" ".join(str((i * 3 + j) % 10) for j in range(i % 5 + 1)) + "\n" for i in range(9)))
+    out = tmp_path / "parallel.md"
+    result = subprocess.run([sys.executable, "-m", "recipes.speed.parallel", "--export", str(trained("attention")[1]),
+                             "--input", str(source), "--batch-size", "2", "--repeats", "1", "--out", str(out)],
+                            env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| exported")]
+    assert len(rows) == 1, out.read_text()
+    tokens = {cell.split("(")[1] for cell in rows[0].split("|")[3:6]}
+    assert len(tokens) == 1 and "9 sentences" in out.read_text(), rows
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_what_was_printed(trained):
     _, folder = trained("attention")

@@ -2,6 +2,7 @@
 and the search; errors a user can fix end on one argparse line."""
 
 import argparse
+import os
 
 from ..deploy.text import TextCodec
 from ..deploy.translator import MAX_TOKENS, Translator
@@ -11,7 +12,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a folder written by fairseq-memattn-export")
     p.add_argument("--bpe", choices=["sentencepiece"], help="default: sentencepiece if the folder has spm.model")
     p.add_argument("--sentencepiece-model", help="default: the folder's spm.model")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads per batch")
+    p.add_argument("--workers", type=int, default=1,
+                   help="batches decoded at once, each on --threads threads (default 1; with W workers "
+                        "--threads defaults to the cores / W)")
 
 
 def add_search_options(p: argparse.ArgumentParser) -> None:
@@ -35,7 +39,9 @@ def check_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *names:
 
 
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    check_positive(p, args, "beam", "max_tokens", "threads")
+    check_positive(p, args, "beam", "max_tokens", "threads", "workers")
+    if args.threads is None and args.workers > 1:  # one batch per core group, not W batches on every core
+        args.threads = max(1, (os.cpu_count() or 1) // args.workers)
     if args.min_len < 0:
         p.error(f"invalid --min-len: {args.min_len} (must be >= 0)")
     if args.sentencepiece_model and args.bpe != "sentencepiece":

@@ -6,7 +6,6 @@
 """
 
 import argparse
-import os
 import sys
 
 from aiohttp import web
@@ -25,18 +24,13 @@ def parse_args(argv=None):
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the first waiting request waits for others to batch with (default 5)")
     p.add_argument("--queue-size", type=int, default=64, help="requests waiting at most; beyond, 503")
-    p.add_argument("--workers", type=int, default=1,
-                   help="batches decoded at once, each on --threads threads (default 1; with W workers "
-                        "--threads defaults to the cores / W)")
     p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for")
     p.add_argument("--max-sentences", type=int, default=256, help="sentences per request at most; beyond, 413")
     args = p.parse_args(argv)
     check_options(p, args)
-    check_positive(p, args, "queue_size", "max_beam", "max_sentences", "workers")
+    check_positive(p, args, "queue_size", "max_beam", "max_sentences")
     if args.beam > args.max_beam:
         p.error(f"invalid --beam: {args.beam} (must be <= --max-beam {args.max_beam})")
-    if args.threads is None and args.workers > 1:  # one batch per core group, not W batches on every core
-        args.threads = max(1, (os.cpu_count() or 1) // args.workers)
     if args.batch_window_ms < 0:
         p.error(f"invalid --batch-window-ms: {args.batch_window_ms} (must be >= 0)")
     return p, args

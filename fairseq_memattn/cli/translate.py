@@ -1,14 +1,16 @@
 """fairseq-memattn-translate: raw text in, fairseq-interactive's output out, on ONNX Runtime.
 
     fairseq-memattn-translate FOLDER [--beam 5] [--nbest 1] [--buffer-size 1] [--max-tokens 1024] \\
-        [--print-alignment] [--plain] < input.txt
+        [--workers 1] [--print-alignment] [--plain] < input.txt
     # or: python -m fairseq_memattn.deploy FOLDER ...
 
 Reads --buffer-size lines at a time, translates them and prints their S-/H-/D-/P- lines (A- with
 --print-alignment) in input order, ids counting input lines from 0. Each line is translated as
 if alone: its maximum length counts its own tokens. A line the model cannot translate is reported
 on standard error with its line number and skipped; the exit status is then 1. sentencepiece is
-applied when FOLDER has spm.model or with --bpe sentencepiece --sentencepiece-model PATH.
+applied when FOLDER has spm.model or with --bpe sentencepiece --sentencepiece-model PATH. With
+--workers W, W of a buffer's batches decode at once: on a file, give a --buffer-size that holds
+several batches.
 """
 
 import argparse
@@ -94,7 +96,7 @@ def translate_buffer(buffer, translator, codec, args, options) -> int:
             continue
         sources[number] = shown, ids
     results = translator.translate_ids([ids for _, ids in sources.values()], max_tokens=args.max_tokens,
-                                       batch_size=args.batch_size, beam=args.beam,
+                                       batch_size=args.batch_size, workers=args.workers, beam=args.beam,
                                        alignment=args.print_alignment, **options)
     for (number, (shown, _)), hypotheses in zip(sources.items(), results):
         print_hypotheses(number - 1, shown, hypotheses, codec, args)
