@@ -60,7 +60,8 @@ class Batcher:
         self.workers = self.free = workers
         self.freed = asyncio.Event()
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="translate")
-        self.tasks: set = set()
+        self.task: Optional[asyncio.Task] = None  # run()
+        self.tasks: set = set()  # dispatch()es under way
 
     async def translate(self, sources: List[List[int]], beam: int, alignment: bool) -> List[List[dict]]:
         job = Job(sources, beam, alignment, asyncio.get_running_loop().create_future())
@@ -218,7 +219,8 @@ class Server:
     async def info(self, request: web.Request) -> web.Response:
         return web.json_response({"config": self.translator.config, "beam": self.beam, "max_tokens": self.max_tokens,
                                   "max_beam": self.max_beam, "max_sentences": self.max_sentences,
-                                  "queue_size": self.batcher.queue.maxsize, "workers": self.batcher.workers, "search": self.options})
+                                  "queue_size": self.batcher.queue.maxsize, "workers": self.batcher.workers,
+                                  "search": self.options})
 
 
 def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.005, max_tokens: int = MAX_TOKENS,

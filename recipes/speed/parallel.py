@@ -40,7 +40,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", help="write the markdown table here too")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # ENGINE:THREADS:WORKERS:FOLDER, run in a subprocess
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.ct2 and not args.export:
+        p.error("give at least one model folder (--ct2 or --export)")
+    return args
 
 
 def load(engine: str, folder: str, threads: int, workers: int, args):
