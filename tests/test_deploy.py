@@ -352,24 +352,40 @@ def test_server_refuses_bad_requests_and_keeps_serving(server):
 
 
 class Gated(Translator):
-    """A Translator whose decoding waits for ``gate``; ``entered`` is set when it starts."""
+    """A Translator whose decoding waits for ``gate``; ``decoding`` counts the calls under way,
+    ``most`` the most at once."""
+
+    def __init__(self, folder):
+        super().__init__(folder, threads=1)
+        self.gate, self.lock, self.decoding, self.most = threading.Event(), threading.Lock(), 0, 0
 
     def translate_ids(self, sources, **options):
-        self.entered.set()
-        assert self.gate.wait(timeout=120)
-        return super().translate_ids(sources, **options)
+        with self.lock:
+            self.decoding += 1
+            self.most = max(self.most, self.decoding)
+        try:
+            assert self.gate.wait(timeout=120)
+            return super().translate_ids(sources, **options)
+        finally:
+            with self.lock:
+                self.decoding -= 1
+
+    def until_decoding(self, calls: int) -> None:
+        deadline = time.monotonic() + 60
+        while self.decoding < calls:
+            assert time.monotonic() < deadline, self.decoding
+            time.sleep(0.01)
 
 
 @pytest.mark.slow
 def test_a_full_queue_gets_503_at_once(server, trained):
-    translator = Gated(str(trained("attention")[1]), threads=1)
-    translator.entered, translator.gate = threading.Event(), threading.Event()
+    translator = Gated(str(trained("attention")[1]))
     from fairseq_memattn.deploy.serve import BATCHER
 
     url, app, _ = server(translator, window=0, queue_size=1)
     with ThreadPoolExecutor(2) as pool:
         decoding = pool.submit(post, url, {"text": ["3 1"]})
-        assert translator.entered.wait(timeout=60)
+        translator.until_decoding(1)
         waiting = pool.submit(post, url, {"text": ["4 5 6"]})
         deadline = time.monotonic() + 60
         while app[BATCHER].queue.qsize() < 1:
@@ -384,34 +400,15 @@ def test_a_full_queue_gets_503_at_once(server, trained):
         alone(Translator(str(trained("attention")[1])), "4 5 6", beam=5, max_len_a=1.0, max_len_b=2)[0][0]
 
 
-class Counting(Translator):
-    """A Translator whose decoding waits for ``gate``; ``decoding`` counts the calls under way."""
-
-    def translate_ids(self, sources, **options):
-        with self.lock:
-            self.decoding += 1
-            self.most = max(self.most, self.decoding)
-        try:
-            assert self.gate.wait(timeout=120)
-            return super().translate_ids(sources, **options)
-        finally:
-            with self.lock:
-                self.decoding -= 1
-
-
 @pytest.mark.slow
-def test_workers_decode_batches_at_once(server, trained):
+def test_server_workers_decode_batches_at_once(server, trained):
     folder = str(trained("attention")[1])
-    translator = Counting(folder, threads=1)
-    translator.lock, translator.gate, translator.decoding, translator.most = threading.Lock(), threading.Event(), 0, 0
+    translator = Gated(folder)
     url, _, _ = server(translator, window=0.05, workers=2)
     lines = ["3 1", "4 5 6", "7 2 9 8", "1", "6 6 2", "5 0 3 8 1"]
     with ThreadPoolExecutor(len(lines)) as pool:
         answers = [pool.submit(post, url, {"text": [line]}) for line in lines]
-        deadline = time.monotonic() + 60
-        while translator.decoding < 2:  # both workers hold a batch before either may decode
-            assert time.monotonic() < deadline, translator.decoding
-            time.sleep(0.01)
+        translator.until_decoding(2)  # both workers hold a batch before either may decode
         translator.gate.set()
         answers = [answer.result() for answer in answers]
     assert translator.most == 2
