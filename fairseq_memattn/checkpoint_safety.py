@@ -15,19 +15,22 @@ torch explains such a refusal with a long message whose advice is to allowlist
 the offending global or to pass ``weights_only=False``, i.e. to let the file run
 its code; a file that is no checkpoint at all gets the same refusal, and a
 truncated checkpoint ends in an error from deep inside torch ("OSError: [Errno 22]
-Invalid argument"). ``checkpoint_error_message`` says instead, in one paragraph,
-what happened and what to do (``errors.py`` prints it in place of the traceback).
+Invalid argument"). ``guard_fairseq_loading`` wraps fairseq's checkpoint loader so that
+these end in a ``CheckpointError`` (one of our ``UserError``) that says, in one paragraph,
+which file, what happened and what to do.
 """
 
 import argparse
+import functools
 import os
 import pickle
 import re
-import traceback
 from typing import Optional
 
 import numpy as np
 import torch
+
+from .errors import UserError
 
 _NUMPY_SCALAR_TYPES = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
                        np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
@@ -53,13 +56,16 @@ def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A file that is not a readable fairseq checkpoint; the message names it."""
 
 
 def read_checkpoint(path: str, data: Optional[str] = None) -> dict:
     """The state fairseq saved in ``path`` (its loader: args or cfg, old formats upgraded), with
     ``--data`` overridden when given; a one-line CheckpointError for a missing or unreadable file."""
+    from . import register
+
+    register()  # our models, and fairseq's loader guarded
     from fairseq import checkpoint_utils
 
     if not os.path.isfile(path):
@@ -67,9 +73,9 @@ def read_checkpoint(path: str, data: Optional[str] = None) -> dict:
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides={"data": data} if data else None)
         state["cfg"]["model"]
+    except CheckpointError:
+        raise
     except Exception as error:
-        if not looks_like_torch_save(path):
-            raise CheckpointError(f"cannot read {path} as a fairseq checkpoint (not a file written by torch.save)")
         reason = str(error).splitlines()[0] if str(error) else ""
         raise CheckpointError(f"cannot read {path} as a fairseq checkpoint ({type(error).__name__}: {reason})")
     return state
@@ -84,14 +90,6 @@ _REFUSED = "Weights only load failed"
 SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars and numeric arrays"
 
 
-def _torch_load_frame(tb):
-    """The frame of torch.load the exception went through, if any."""
-    for frame, _ in traceback.walk_tb(tb):
-        if frame.f_code.co_name == "load" and frame.f_globals.get("__name__") == "torch.serialization":
-            return frame
-    return None
-
-
 def looks_like_torch_save(path: str) -> bool:
     """Whether a file starts as torch.save writes: a zip archive, or (before torch 1.6, or
     with _use_new_zipfile_serialization=False) a pickle of protocol 2."""
@@ -101,54 +99,74 @@ def looks_like_torch_save(path: str) -> bool:
 
 
 def not_a_checkpoint(path: str, what: str) -> str:
-    return (f"fairseq_memattn: {path} is not a fairseq checkpoint ({what}): give the .pt file "
+    return (f"{path} is not a fairseq checkpoint ({what}): give the .pt file "
             "fairseq-train saved (checkpoint_best.pt, checkpoint_last.pt, checkpointN.pt, ...)")
 
 
-def loaded_non_checkpoint_message(tb) -> Optional[str]:
-    """An error of fairseq reading what torch.load returned, when that is not the dict
-    fairseq-train saves (e.g. a file of torch.save(tensor)); None otherwise."""
-    for frame, _ in traceback.walk_tb(tb):
-        if (frame.f_globals.get("__name__") == "fairseq.checkpoint_utils"
-                and frame.f_code.co_name in ("load_checkpoint_to_cpu", "load_model_ensemble_and_task")
-                and frame.f_locals.get("state") is not None):
-            state = frame.f_locals["state"]
-            if isinstance(state, dict) and "model" in state:
-                return None
-            path = frame.f_locals.get("path", frame.f_locals.get("filename", "the file"))
-            kind = (f"a dict without 'model' (keys: {', '.join(map(str, list(state)[:5]))})"
-                    if isinstance(state, dict) else f"a {type(state).__name__}")
-            return not_a_checkpoint(path, f"torch.load gives {kind}, not the dict of a fairseq save")
-    return None
+def is_fairseq_save(state) -> bool:
+    return isinstance(state, dict) and "model" in state
 
 
-def checkpoint_error_message(error: BaseException, tb) -> Optional[str]:
-    """One paragraph for an error torch.load raised, or fairseq raised reading what it
-    loaded; None for any other error."""
-    frame = _torch_load_frame(tb)
-    if frame is None:
-        return loaded_non_checkpoint_message(tb)
-    source = frame.f_locals.get("f")
-    path = getattr(source, "name", source)
-    path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "a checkpoint"
-    if os.path.isfile(path) and not looks_like_torch_save(path):
-        return not_a_checkpoint(path, "not a file torch.save writes: neither a zip archive nor a "
-                                      "legacy torch pickle")
+def not_a_save(path: str, state) -> CheckpointError:
+    """For a file that loads as something else than the dict fairseq-train saves."""
+    kind = (f"a dict without 'model' (keys: {', '.join(map(str, list(state)[:5]))})"
+            if isinstance(state, dict) else f"a {type(state).__name__}")
+    return CheckpointError(not_a_checkpoint(path, f"torch.load gives {kind}, not the dict of a fairseq save"))
+
+
+def checkpoint_error(path, error: BaseException) -> Optional[CheckpointError]:
+    """The CheckpointError for an error fairseq's loader raised on ``path``, told from the
+    file itself; None when the file is a readable fairseq checkpoint (the error is another's)."""
+    path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if path is None or not os.path.isfile(path):
+        return None
+    if not looks_like_torch_save(path):
+        return CheckpointError(not_a_checkpoint(path, "not a file torch.save writes: neither a zip "
+                                                      "archive nor a legacy torch pickle"))
     if isinstance(error, pickle.UnpicklingError) and _REFUSED in str(error):
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         reason = (f"its pickle calls {found.group(1)}" if found
                   else "its pickle holds something other than plain data")
-        return (
-            f"fairseq_memattn: refused to load {path}: {reason}, which is not among the types "
-            f"fairseq checkpoints hold ({SAFE_CONTENTS}). Unpickling it could run code from the "
-            "file, so nothing in it was run. Load it with torch.load(..., weights_only=False) "
-            "only if you trust where it came from."
-        )
-    # fairseq writes one file per save atomically, then copies it to the other
-    # names (checkpoint_last.pt, checkpoint_best.pt) with a plain copy.
-    return (
-        f"fairseq_memattn: could not read {path} ({type(error).__name__}: {error}): the file is "
-        "incomplete or not a torch checkpoint. A run killed while fairseq copied its checkpoint "
-        "can leave checkpoint_last.pt cut short: resume from another checkpoint of the same save "
-        "(checkpointN.pt or checkpoint_N_U.pt) with --restore-file."
-    )
+        return CheckpointError(
+            f"refused to load {path}: {reason}, which is not among the types fairseq checkpoints "
+            f"hold ({SAFE_CONTENTS}). Unpickling it could run code from the file, so nothing in it "
+            "was run. Load it with torch.load(..., weights_only=False) only if you trust where it "
+            "came from.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        # fairseq writes one file per save atomically, then copies it to the other
+        # names (checkpoint_last.pt, checkpoint_best.pt) with a plain copy.
+        return CheckpointError(
+            f"could not read {path} ({type(error).__name__}: {error}): the file is incomplete or "
+            "not a torch checkpoint. A run killed while fairseq copied its checkpoint can leave "
+            "checkpoint_last.pt cut short: resume from another checkpoint of the same save "
+            "(checkpointN.pt or checkpoint_N_U.pt) with --restore-file.")
+    return None if is_fairseq_save(state) else not_a_save(path, state)
+
+
+def guard_fairseq_loading() -> None:
+    """fairseq's checkpoint loader (fairseq-train --restore-file, -generate --path, the hub,
+    ...) raises a CheckpointError naming the file for a file it cannot read or that is not
+    a fairseq save, instead of torch's or fairseq's error from deep inside."""
+    from fairseq import checkpoint_utils
+
+    load = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(load, "guarded", False):
+        return
+
+    @functools.wraps(load)
+    def guarded(path, *args, **kwargs):
+        try:
+            state = load(path, *args, **kwargs)
+        except Exception as error:
+            found = checkpoint_error(path, error)
+            if found is None:
+                raise
+            raise found from error
+        if not is_fairseq_save(state):
+            raise not_a_save(path, state)
+        return state
+
+    guarded.guarded = True
+    checkpoint_utils.load_checkpoint_to_cpu = guarded

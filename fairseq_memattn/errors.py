@@ -1,39 +1,34 @@
-"""One-line reports of the errors a user can fix, for fairseq's command lines and ours.
+"""Errors a user can fix, and their one-line report on command lines.
 
-fairseq's command lines end on an uncaught exception with its traceback, and for
-some of this plugin's errors the last line is not ours at all: fairseq's Trainer
-re-raises a checkpoint that does not fit as "Cannot load model parameters from
-checkpoint ...; please ensure that the architectures match", and a source longer
-than the position encodings' S is refused by fairseq's batching with advice about
---skip-invalid-size-inputs-valid-test only. The hook installed here prints, argparse
-style (``fairseq-generate: error: ...``), one line for:
+The package raises ``UserError`` where it finds such an error (a bad option, a checkpoint
+that does not fit or cannot be read, a source longer than the position encodings cover); its
+message names the bad value and every fix, whichever command or program hit it. A user's own
+program gets the exception as any other (it is a ``ValueError``).
 
-* a ``ValueError`` raised by this package (an option the model cannot honour, a
-  checkpoint that does not fit), also when fairseq re-raised it as another error;
-* an error of ``torch.load`` or of fairseq reading what it loaded (see
-  ``checkpoint_safety.checkpoint_error_message``);
-* fairseq's "Size of sample #N is invalid" when the source is longer than the
-  S of Eq. 10 that the model's position encodings cover.
+Only command-line processes print it as one argparse-style line
+(``fairseq-generate: error: ...``) in place of the traceback: our console scripts through
+``one_line_errors``, fairseq's command lines through the ``sys.excepthook`` of
+``install_hook``, which the plugin installs only when one of them loads it through
+``--user-dir`` (``fairseq_command_line``). Every other exception keeps its traceback, and so
+does ours with FAIRSEQ_MEMATTN_TRACEBACK=1.
 
-Every other exception keeps its traceback. Set FAIRSEQ_MEMATTN_TRACEBACK=1 to get
-the traceback of these too.
+This module imports neither torch nor fairseq, so the runtime without them can raise it too.
 """
 
+import contextlib
 import os
-import re
 import sys
-import traceback
-from typing import Iterator, Optional
+from typing import Optional
 
-import torch
-
-from .checkpoint_safety import checkpoint_error_message
-from .models.memory_options import position_encoding_limit, source_too_long
-
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 TRACEBACK_VARIABLE = "FAIRSEQ_MEMATTN_TRACEBACK"
-# fairseq's message; numpy 2 prints the sizes as np.int64(12)
-_TOO_LONG = re.compile(r"^Size of sample #(\d+) is invalid \(=\(?(?:np\.\w+\()?(\d+)")
+# fairseq's Trainer.load_checkpoint re-raises whatever model.load_state_dict raised as this
+_FAIRSEQ_RERAISE = "Cannot load model parameters from checkpoint"
+
+
+class UserError(ValueError):
+    """An error the user can fix: its message names the bad value and every fix, in one
+    paragraph, whichever command or program hit it. A ValueError, so that callers that
+    catch ValueError keep working. Command lines print it as one argparse-style line."""
 
 
 def program_name() -> str:
@@ -41,75 +36,62 @@ def program_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
 
 
-def exception_chain(error: BaseException) -> Iterator[BaseException]:
-    """The error, then what it was raised from or while handling, innermost last."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+def fairseq_command_line() -> bool:
+    """Whether this process is one of fairseq's command lines (fairseq-train, -generate, ...,
+    or python -m fairseq_cli.X). The name the process was started by says it, before and
+    after fairseq parsed its options; a user's program that imports fairseq is not one."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and (spec.name or "").startswith("fairseq_cli."):
+        return True
+    return program_name().startswith("fairseq-")
 
 
-def raised_here(error: BaseException) -> bool:
-    """Whether the error was raised by this package's own code (its innermost frame)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(PACKAGE_DIR + os.sep)
-
-
-def frame_locals(tb) -> Iterator[dict]:
-    for frame, _ in traceback.walk_tb(tb):
-        yield frame.f_locals
-
-
-def source_too_long_message(error: BaseException) -> Optional[str]:
-    """fairseq's "Size of sample #N is invalid" for a source longer than the position
-    encodings' S, said with the option that sets S; None for any other error."""
-    found = _TOO_LONG.match(str(error))
-    if not found:
-        return None
-    # The models being run: fairseq-generate's and -interactive's ``models``, the hub's ``self.models``.
-    models = []
-    for variables in frame_locals(error.__traceback__):
-        for candidate in (variables.get("models"), getattr(variables.get("self"), "models", None)):
-            if isinstance(candidate, (list, tuple, torch.nn.ModuleList)):
-                models += [m for m in candidate if isinstance(m, torch.nn.Module)]
-    limits = [limit for limit in map(position_encoding_limit, models) if limit is not None]
-    example, length = int(found.group(1)), int(found.group(2))
-    if not limits or length <= min(limits):
-        return None
-    return (source_too_long(f"source #{example}", length, min(limits))
-            + ", or skip such sources with --skip-invalid-size-inputs-valid-test")
-
-
-def user_error_message(error: BaseException) -> Optional[str]:
-    """The one line for an error a user can fix, or None to keep the traceback."""
-    for link in exception_chain(error):
-        message = checkpoint_error_message(link, link.__traceback__)
-        if message is not None:
-            return message
-        if isinstance(link, ValueError) and raised_here(link):
-            return f"{program_name()}: error: {link}"
-        if isinstance(link, OSError) and str(link).startswith("Model file not found"):
-            return f"{program_name()}: error: --path: {link}"  # fairseq's, for a missing checkpoint
-        message = source_too_long_message(link)
-        if message is not None:
-            return f"{program_name()}: error: {message}"
+def reported_error(error: BaseException) -> Optional[UserError]:
+    """The UserError an uncaught exception stands for: the exception itself, or ours that
+    fairseq's Trainer re-raised with its own advice ("Cannot load model parameters ...;
+    please ensure that the architectures match"). None for every other exception, so a
+    user's error raised while handling ours keeps its traceback."""
+    if isinstance(error, UserError):
+        return error
+    if type(error) is Exception and str(error).startswith(_FAIRSEQ_RERAISE) and not error.__suppress_context__:
+        inner = error.__cause__ or error.__context__
+        if isinstance(inner, UserError):
+            return inner
     return None
 
 
-def explain_errors():
-    """Install a sys.excepthook that reports the errors of ``user_error_message`` in one
-    line and leaves every other uncaught exception to the previous hook."""
+def one_line(error: BaseException, prog: Optional[str] = None) -> str:
+    """argparse's error line: "PROG: error: MESSAGE", the message on one line."""
+    return f"{prog or program_name()}: error: {' '.join(str(error).split(chr(10)))}"
+
+
+def install_hook() -> None:
+    """A sys.excepthook that prints an uncaught UserError as one line (exit status 1) and
+    leaves every other exception, KeyboardInterrupt included, to the previous hook."""
     previous = sys.excepthook
-    if getattr(previous, "explains_user_errors", False):
+    if getattr(previous, "reports_user_errors", False):
         return
 
     def hook(kind, error, tb):
-        message = None if os.environ.get(TRACEBACK_VARIABLE) else user_error_message(error)
-        if message is None:
+        ours = None if os.environ.get(TRACEBACK_VARIABLE) else reported_error(error)
+        if ours is None:
             previous(kind, error, tb)
         else:
-            print(" ".join(message.split("\n")), file=sys.stderr)
+            print(one_line(ours), file=sys.stderr)
 
-    hook.explains_user_errors = True
+    hook.reports_user_errors = True
     sys.excepthook = hook
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str):
+    """For a console script's main: a UserError raised inside ends the command as argparse
+    does (one line, exit status 2); nothing else is touched."""
+    try:
+        yield
+    except UserError as error:
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise
+        print(one_line(error, prog), file=sys.stderr)
+        raise SystemExit(2) from None

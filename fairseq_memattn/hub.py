@@ -20,6 +20,8 @@ import torch
 from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
 
+from . import register
+from .errors import UserError
 from .models.memory_options import position_encoding_limit, source_too_long
 
 
@@ -41,6 +43,7 @@ class MemAttnHubModel:
         recipe's output: ``from_pretrained("checkpoints/wmt17/en-de/CONFIG",
         checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
         bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
+        register()  # checkpoints loadable under weights_only, loading errors said as UserError
         loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                            archive_map=cls.hub_models(), **kwargs)
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
@@ -84,4 +87,4 @@ class MemAttnHubInterface(GeneratorHubInterface):
         sentences = [tokenized_sentences] if one else tokenized_sentences
         for index, tokens in enumerate(sentences):
             if tokens.numel() > min(limits):
-                raise ValueError(source_too_long(f"sentence {index}", tokens.numel(), min(limits)))
+                raise UserError(source_too_long(f"sentence {index}", tokens.numel(), min(limits)))

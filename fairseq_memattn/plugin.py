@@ -1,0 +1,108 @@
+"""Registration with fairseq: the architectures and tasks, checkpoints loadable under torch's
+``weights_only``, and fairseq's loading and batching made to raise our ``UserError`` where they
+meet an error a user can fix (a checkpoint that is missing or unreadable, a source longer than
+the position encodings' S). In one of fairseq's command lines it also installs the hook that
+prints such an error in one line (``errors.install_hook``).
+
+``fairseq_memattn.register()`` runs this once per process; the package runs it on import when
+fairseq is already imported, which is always so when fairseq loads it through ``--user-dir``.
+"""
+
+import functools
+import weakref
+
+from .errors import UserError, fairseq_command_line, install_hook
+
+_done = False
+# S of Eq. 10 of the models fairseq loaded for a task (the smallest), by task
+_position_limits = weakref.WeakKeyDictionary()
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    try:
+        import fairseq  # noqa: F401
+    except Exception as error:  # pragma: no cover - depends on the user's install
+        raise ImportError(
+            "fairseq_memattn needs an importable fairseq, but 'import fairseq' failed with: "
+            f"{type(error).__name__}: {error}\n"
+            "On Python 3.11+ install the 've-fairseq==0.12.3' wheel (pip install "
+            "'fairseq_memattn[ve-fairseq]') or keep your own fairseq checkout; PyPI's "
+            "fairseq==0.12.2 does not import on Python 3.11. See README.md."
+        ) from error
+    from . import checkpoint_safety, models, tasks  # noqa: F401  models and tasks register themselves
+
+    checkpoint_safety.allow_fairseq_checkpoints()
+    checkpoint_safety.guard_fairseq_loading()
+    guard_model_loading()
+    guard_source_lengths()
+    if fairseq_command_line():
+        install_hook()
+    _done = True
+
+
+def guard_model_loading() -> None:
+    """fairseq's ensemble loader (-generate, -interactive, the hub): a missing checkpoint is a
+    UserError naming it, and the position encodings' S of the models loaded for a task is kept
+    for ``guard_source_lengths``."""
+    from fairseq import checkpoint_utils
+
+    from .checkpoint_safety import CheckpointError
+    from .models.memory_options import position_encoding_limit
+
+    load = checkpoint_utils.load_model_ensemble_and_task
+    if getattr(load, "guarded", False):
+        return
+
+    @functools.wraps(load)
+    def guarded(*args, **kwargs):
+        try:
+            models, cfg, task = load(*args, **kwargs)
+        except OSError as error:
+            if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
+                raise CheckpointError(f"checkpoint not found: {str(error).split(': ', 1)[1]}") from error
+            raise
+        limits = [limit for limit in map(position_encoding_limit, models) if limit is not None]
+        if limits and task is not None:
+            _position_limits[task] = min(limits + [_position_limits.get(task, min(limits))])
+        return models, cfg, task
+
+    guarded.guarded = True
+    checkpoint_utils.load_model_ensemble_and_task = guarded
+
+
+def source_length(dataset, index) -> int:
+    size = dataset.size(index)
+    return int(size[0] if isinstance(size, tuple) else size)
+
+
+def guard_source_lengths() -> None:
+    """fairseq refuses a source longer than the models' limit with advice about
+    --skip-invalid-size-inputs-valid-test only; when the limit is the S of Eq. 10 that the
+    position encodings cover, the error names the option that set S."""
+    from fairseq.tasks import FairseqTask
+
+    from .models.memory_options import source_too_long
+
+    filter_by_size = FairseqTask.filter_indices_by_size
+    if getattr(filter_by_size, "guarded", False):
+        return
+
+    @functools.wraps(filter_by_size)
+    def guarded(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        try:
+            return filter_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        except Exception as error:
+            limit = _position_limits.get(self)
+            if limit is None or not str(error).startswith("Size of sample #"):
+                raise
+            index = next((i for i in indices if source_length(dataset, i) > limit), None)
+            if index is None:  # too long for another limit than S
+                raise
+            raise UserError(source_too_long(f"source #{index}", source_length(dataset, index), limit)
+                            + ", or skip such sources with --skip-invalid-size-inputs-valid-test") from None
+
+    guarded.guarded = True
+    FairseqTask.filter_indices_by_size = guarded
