@@ -1,5 +1,5 @@
 """Convert a trained fairseq ``transformer`` into a ``transformer_memattn``
-(``fairseq-memattn-convert``, ``fairseq_memattn.cli.convert``).
+(the command line: ``fairseq-memattn-convert``, in ``cli/convert.py``).
 
 The two models share every weight but the write (Eq. 4-5): embeddings, positions, encoder
 layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
@@ -22,6 +22,7 @@ import os
 from typing import Dict, List, Optional
 
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
+from .errors import UserError
 from .models.transformer_memattn.model import WRITE_PREFIX  # the only parameters the source lacks
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ SOURCE_MODEL = "transformer"  # fairseq's registered model name, whatever the --
 SOURCE_ONLY_STATE = ("best", "val_loss", "ema", "ema_fp32_params")
 
 
-class ConvertError(ValueError):
+class ConvertError(UserError):
     """A checkpoint or option the conversion cannot take; the message names it."""
 
 
@@ -221,9 +222,3 @@ def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: 
     if os.path.exists(out) and not force:
         raise ConvertError(f"{out} exists: pass --force to replace it")
     save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)
-
-
-if __name__ == "__main__":
-    from .cli.convert import main
-
-    main()

@@ -6,6 +6,7 @@ every refusal one line."""
 import copy
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -148,9 +149,19 @@ REFUSALS = {  # name: (how to make the checkpoint, extra options, what the error
     "mix read": (None, ["--memory-read", "mix"], "--memory-read mix reads the memory"),
     "other option": (None, ["--lr", "1"], "unrecognized arguments: --lr"),
     "bad value": (None, ["--memory-encoder-score", "cosine"], "argument --memory-encoder-score: invalid choice"),
-    "not a checkpoint": ("text", [], "not a file written by torch.save"),
+    "not a checkpoint": ("text", [], "is not a fairseq checkpoint (not a file torch.save writes"),
     "missing": ("missing", [], "checkpoint not found"),
 }
+
+
+def test_help_lists_the_memory_options_and_that_memory_k_is_required():
+    """fairseq-train --help cannot show them (fairseq adds an architecture's options after its help)."""
+    text = " ".join(convert_cli.build_parser().format_help().split())
+    assert "[--memory-k" not in text and "--memory-k K number of attention contexts K of memory attention (required)" in text
+    for option in ("--memory-encoder-score {softmax,sigmoid}", "--memory-encoder-normalize {contexts,time}",
+                   "--memory-position-window, --no-memory-position-window", "--memory-position-max-len S",
+                   "--memory-read {attention,mix}", "--memory-per-layer"):
+        assert option in text, option
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
@@ -188,7 +199,7 @@ def test_refuses_a_converted_model_and_an_existing_out(toy, tmp_path, capsys):
 def test_console_command_and_force(toy, tmp_path):
     out = tmp_path / "out.pt"
     out.write_text("old")
-    command = [sys.executable, "-m", "fairseq_memattn.convert", str(toy["transformer"]), str(out),
+    command = [os.path.join(os.path.dirname(sys.executable), "fairseq-memattn-convert"), str(toy["transformer"]), str(out),
                "--memory-k", "3", "--memory-per-layer", "--force"]
     result = subprocess.run(command, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]

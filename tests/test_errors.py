@@ -1,6 +1,6 @@
 """Errors a user can fix end on one line that names the bad value and what to do, through the
-real command lines (fairseq-train, -generate, -interactive, our python -m tools) and the hub, and
-nothing is written or lost on the way."""
+real command lines (fairseq-train, -generate, -interactive, our fairseq-memattn-* tools) and the
+hub, and nothing is written or lost on the way."""
 
 import argparse
 import hashlib
@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import PLUGIN_DIR, REPO, clean_env, run_fairseq
 
+from fairseq_memattn.errors import UserError
 from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
 from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
 
@@ -107,7 +108,7 @@ def test_option_combination_the_model_cannot_honour_is_one_line(tmp_path):
     debug = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-train"), *command],
                            env=clean_env(FAIRSEQ_MEMATTN_TRACEBACK="1"), capture_output=True, text=True,
                            timeout=600)
-    assert "Traceback" in debug.stderr and last_line(debug).startswith("ValueError: --cross-self-attention")
+    assert "Traceback" in debug.stderr and "Error: --cross-self-attention" in last_line(debug)
 
 
 def own_options(model_class, base=None):
@@ -189,15 +190,21 @@ def test_a_file_that_is_not_a_checkpoint_says_so(tmp_path, kind):
     what = ("torch.load gives a Tensor, not the dict of a fairseq save" if kind == "a tensor" else
             "not a file torch.save writes: neither a zip archive nor a legacy torch pickle")
     assert last_line(result) == (
-        f"fairseq_memattn: {path} is not a fairseq checkpoint ({what}): give the .pt file fairseq-train "
-        "saved (checkpoint_best.pt, checkpoint_last.pt, checkpointN.pt, ...)")
+        f"fairseq-generate: error: {path} is not a fairseq checkpoint ({what}): give the .pt file "
+        "fairseq-train saved (checkpoint_best.pt, checkpoint_last.pt, checkpointN.pt, ...)")
     assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
     assert contents(tmp_path) == before
 
 
-def test_missing_checkpoint_is_one_line(tmp_path):
-    result = run_fairseq("fairseq-generate", *TASK, "--path", str(tmp_path / "nope.pt"), "--cpu", check=False)
-    assert last_line(result) == f"fairseq-generate: error: --path: Model file not found: {tmp_path / 'nope.pt'}"
+@pytest.mark.parametrize("command", ["fairseq-generate", "python -m fairseq_cli.generate"])
+def test_missing_checkpoint_is_one_line(tmp_path, command):
+    """fairseq's command line loading the plugin through --user-dir, as a console script or with -m."""
+    args = [*TASK, "--path", str(tmp_path / "nope.pt"), "--cpu"]
+    if command == "fairseq-generate":
+        result, prog = run_fairseq("fairseq-generate", *args, check=False), "fairseq-generate"
+    else:
+        result, prog = python_m("fairseq_cli.generate", *args), "generate.py"
+    assert last_line(result) == f"{prog}: error: checkpoint not found: {tmp_path / 'nope.pt'}"
     assert "Traceback" not in result.stderr
     assert os.listdir(tmp_path) == []
 
@@ -229,33 +236,37 @@ def test_source_longer_than_S_names_the_option_in_the_hub(checkpoint_dir):
         str(checkpoint_dir), "checkpoint_last.pt", ".", task="copy_task", copy_max_len=6, copy_vocab_size=8,
         copy_train_size=64, copy_valid_size=16, copy_test_size=16)
     assert isinstance(hub.translate("1 2 3"), str)
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(UserError) as error:
         hub.translate(["1 2", "1 2 3 4 5 6 7 1 2 3 4 5"])
     assert str(error.value) == f"sentence 1 {TOO_LONG}"
     # fairseq's own way out still works: the long source is skipped
     assert hub.generate([hub.encode("1 2 3 4 5 6 7 1 2 3 4 5")], skip_invalid_size_inputs=True) == []
 
 
-# --- our python -m tools ----------------------------------------------------------
+# --- our command lines -------------------------------------------------------------
 
-def test_python_m_tools_give_one_line_errors(checkpoint_dir, tmp_path):
+def test_our_command_lines_give_one_line_errors(checkpoint_dir, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     cases = [
-        (["fairseq_memattn.score", "missing.txt"],
-         "python -m fairseq_memattn.score: error: missing.txt: No such file or directory"),
-        (["fairseq_memattn.score", str(tmp_path)],
-         f"python -m fairseq_memattn.score: error: {tmp_path}: Is a directory"),
+        (["fairseq-memattn-score", "missing.txt"],
+         "fairseq-memattn-score: error: missing.txt: No such file or directory"),
+        (["fairseq-memattn-score", str(tmp_path)],
+         f"fairseq-memattn-score: error: {tmp_path}: Is a directory"),
         (["fairseq_memattn.tasks.copy_task", "--out-dir", str(blocker / "out")],
          f"copy_task.py: error: --out-dir {blocker / 'out'}: Not a directory"),
-        (["fairseq_memattn.plot", "--user-dir", PLUGIN_DIR, "--task", "translation", str(tmp_path / "data"),
+        (["fairseq-memattn-plot", "--user-dir", PLUGIN_DIR, "--task", "translation", str(tmp_path / "data"),
           "--path", str(checkpoint_dir / "checkpoint_last.pt"), "--example-id", "0", "-o", "x.png"],
-         f"python -m fairseq_memattn.plot: error: {tmp_path / 'data'}: No such file or directory"),
+         f"fairseq-memattn-plot: error: {tmp_path / 'data'}: No such file or directory"),
         (["recipes.wmt17.run", "evaluate", "en-de", "missing.pt"],
          "wmt17: error: checkpoint missing.pt does not exist"),
     ]
     for args, expected in cases:
-        result = python_m(*args, cwd=tmp_path)
+        if args[0].startswith("fairseq-memattn-"):  # a console script
+            result = subprocess.run([os.path.join(os.path.dirname(sys.executable), args[0]), *args[1:]],
+                                    env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        else:
+            result = python_m(*args, cwd=tmp_path)
         assert last_line(result) == expected, result.stderr[-2000:]
         assert "Traceback" not in result.stderr
     assert sorted(os.listdir(tmp_path)) == ["a_file"]

@@ -117,8 +117,9 @@ def test_every_architecture_loads_in_generate(arch_checkpoints, loads):
 def test_checkpoint_that_would_run_code_is_refused(loads, run):
     """By fairseq-generate --path and by fairseq-train --restore-file."""
     assert not loads["marker"].exists(), "loading the checkpoint ran code from it"
+    prog = "fairseq-train" if run == "malicious restore" else "fairseq-generate"
     assert final_error(loads[run]) == (
-        f"fairseq_memattn: refused to load {loads['malicious_path']}: its pickle calls exec, which is "
+        f"{prog}: error: refused to load {loads['malicious_path']}: its pickle calls exec, which is "
         "not among the types fairseq checkpoints hold (tensors, containers, argparse.Namespace, "
         "numpy scalars and numeric arrays). Unpickling it could run code from the file, so nothing in it was run. "
         "Load it with torch.load(..., weights_only=False) only if you trust where it came from.")
@@ -128,7 +129,7 @@ def test_checkpoint_that_would_run_code_is_refused(loads, run):
 @pytest.mark.slow
 def test_truncated_checkpoint_gets_a_clear_message(loads):
     assert final_error(loads["truncated"]).startswith(
-        f"fairseq_memattn: could not read {loads['truncated_path']} (")
+        f"fairseq-generate: error: could not read {loads['truncated_path']} (")
     assert "resume from another checkpoint of the same save" in loads["truncated"].stderr
     assert "Traceback" not in loads["truncated"].stderr
 

@@ -1,72 +1,79 @@
-"""fairseq-memattn-convert: a trained fairseq ``transformer`` into a ``transformer_memattn``.
-
-    fairseq-memattn-convert CHECKPOINT OUT.pt --memory-k K [memory options] [--data DIR] [--force]
-"""
+"""fairseq-memattn-convert: a trained fairseq ``transformer`` into a ``transformer_memattn``."""
 
 import argparse
 import logging
 import re
 import sys
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from .. import convert as library
-from ..convert import MEMATTN_ARCH, ConvertError, convert
+from ..errors import one_line_errors
 
+PROG = "fairseq-memattn-convert"
 MEMORY_OPTION = re.compile(r"--(no-)?memory-[a-z-]+")
+# Kept here, not cut from a docstring: help must not change with python -OO.
+DESCRIPTION = """\
+fairseq-memattn-convert: a trained fairseq transformer into a transformer_memattn.
+
+    fairseq-memattn-convert CHECKPOINT OUT.pt --memory-k K [memory options] [--data DIR] [--force]
+
+The two models share every weight but the write (Eq. 4-5): embeddings, positions, encoder
+layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
+copied, and each decoder layer's encoder-attention becomes that layer's attention read of the
+memory. The write is new, initialised as transformer_memattn initialises it.
+
+OUT keeps the checkpoint's update count, learning-rate schedule, data position and, for
+fairseq's plain optimizers, the optimizer moments of the kept weights, so
+"fairseq-train --restore-file OUT.pt" continues where the transformer stopped;
+"--finetune-from-model OUT.pt" starts afresh.
+"""
 
 
-class RaisingParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are raised, for the caller's own one-line report."""
+class MemoryOptions:
+    """Stands for a parser in a model's ``add_args``: keeps its --memory-* options (their
+    types, choices and help as fairseq-train has them) in ``group``, drops the others.
+    Given options only end up in the namespace, so the architecture's defaults apply."""
 
-    def error(self, message):
-        raise ConvertError(message)
+    def __init__(self, group):
+        self.group = group
 
-
-def parse_memory_options(argv: List[str], prog: str) -> Dict[str, object]:
-    """The ``--memory-*`` options given in ``argv``, parsed (and checked) by
-    ``transformer_memattn``'s own command-line parser: {dest: value}."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    others = [a for a in argv if a.startswith("-") and not MEMORY_OPTION.fullmatch(a.split("=")[0])]
-    if others:
-        raise ConvertError(f"unrecognized arguments: {' '.join(others)} (only --memory-* options "
-                           f"of {MEMATTN_ARCH} are taken)")
-    # SUPPRESS: only the options given end up in the namespace
-    parser = RaisingParser(prog=prog, argument_default=argparse.SUPPRESS, add_help=False)
-    ARCH_MODEL_REGISTRY[MEMATTN_ARCH].add_args(parser)
-    given = vars(parser.parse_args(argv))
-    return {name: value for name, value in given.items() if name.startswith("memory_")}
+    def add_argument(self, *names, **kwargs):
+        if not MEMORY_OPTION.fullmatch(names[0]):
+            return None
+        kwargs["default"] = argparse.SUPPRESS
+        if names[0] == "--memory-k":
+            kwargs.update(required=True, help=kwargs.get("help", "") + " (required)")
+        return self.group.add_argument(*names, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fairseq-memattn-convert", allow_abbrev=False,
-        description=__doc__ + "\n" + library.__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="memory options: those of fairseq-train --arch transformer_memattn (--memory-k, "
-               "--memory-encoder-score, --memory-encoder-normalize, --[no-]memory-position-window, "
-               "--[no-]memory-position-encoding, --memory-position-max-len, --memory-per-layer)")
+    import fairseq_memattn
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from ..convert import MEMATTN_ARCH
+
+    fairseq_memattn.register()  # the architecture whose options are listed
+    parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a fairseq transformer checkpoint")
     parser.add_argument("out", help="where to write the transformer_memattn checkpoint")
     parser.add_argument("--data", help="the folder with the task's dictionaries, if not where the "
                                        "checkpoint was trained")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    group = parser.add_argument_group(
+        f"memory options (those of fairseq-train --arch {MEMATTN_ARCH}; not given: the "
+        "architecture's defaults)")
+    ARCH_MODEL_REGISTRY[MEMATTN_ARCH].add_args(MemoryOptions(group))
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    import fairseq_memattn  # noqa: F401  registers the models; allows fairseq checkpoints in torch.load
+    from ..convert import convert
 
     logging.basicConfig(format="%(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
-    parser = build_parser()
-    args, memory_argv = parser.parse_known_args(argv)
-    try:
-        options = parse_memory_options(memory_argv, parser.prog)
-        if "memory_k" not in options:
-            raise ConvertError("the following arguments are required: --memory-k")
+    args = build_parser().parse_args(argv)
+    options = {name: value for name, value in vars(args).items() if name.startswith("memory_")}
+    with one_line_errors(PROG):
         convert(args.checkpoint, args.out, options, args.data, args.force)
-    except ConvertError as error:
-        parser.error(str(error))
     print(f"wrote {args.out}")
 
 

@@ -1,17 +1,30 @@
-"""fairseq-memattn-export: a checkpoint to ONNX graphs for ONNX Runtime.
-
-    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--force]
-"""
+"""fairseq-memattn-export: a checkpoint to ONNX graphs for ONNX Runtime."""
 
 import argparse
 import sys
 
-from .. import export as library
-from ..export import ExportError, export
+from ..errors import one_line_errors
+
+PROG = "fairseq-memattn-export"
+# Kept here, not cut from a docstring: help must not change with python -OO.
+DESCRIPTION = """\
+fairseq-memattn-export: a checkpoint to ONNX graphs for ONNX Runtime.
+
+    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--force]
+
+Exports transformer_memattn (both reads; shared or per-layer memories) and lstm_memattn with
+memory attention. OUT holds encoder.onnx (source -> what the decoder reads, projected once per
+source, and alpha of Eq. 4-5 for alignments), decoder.onnx (one decoder step with its cache,
+ending in the beam search's choice of candidates), config.json, the dictionaries and, when
+there is one, the sentencepiece model; fairseq-memattn-translate and fairseq-memattn-serve
+translate with it. --quantize int8: ONNX Runtime's dynamic int8 quantization of every matrix
+product with a constant weight. Needs the optional extra deploy
+(pip install "fairseq_memattn[deploy]").
+"""
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="fairseq-memattn-export", description=__doc__ + "\n" + library.__doc__.split("\n\n", 1)[1],
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
     parser.add_argument("out", help="output folder")
@@ -26,11 +39,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    try:
-        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
-                        args.force)
-    except ExportError as error:
-        parser.error(str(error))
+    import fairseq_memattn
+
+    from ..export import ExportError, export
+
+    fairseq_memattn.register()  # the architectures of the checkpoint
+    with one_line_errors(PROG):
+        try:
+            config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
+                            args.force)
+        except ExportError as error:
+            parser.error(str(error))
     print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)
 
 

@@ -14,6 +14,7 @@ from typing import List
 import torch
 
 from .. import plot
+from ..errors import one_line_errors
 from ..plot import PlotError, ReadChoice, check_has_attention, check_read_choice, decode, describe, draw, save
 
 logger = logging.getLogger("fairseq_memattn.plot")
@@ -147,6 +148,10 @@ def parse_args(argv=None, prog=PROG):
     """fairseq's own parsing: --user-dir, the task's and the generation options, and ours."""
     from fairseq import options
 
+    import fairseq_memattn
+
+    # --user-dir imports nothing when this package is imported already, as it is here
+    fairseq_memattn.register()
     return options.parse_args_and_arch(build_parser(prog), argv)
 
 
@@ -156,7 +161,8 @@ def main(argv=None, prog=PROG):
                         force=True)  # some fairseq modules set DEBUG on import
     args = parse_args(argv, prog)
     try:
-        alignments = run(args)
+        with one_line_errors(prog):
+            alignments = run(args)
     except OSError as error:  # a data directory or file of the task's options that is not there
         print(f"{prog}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
         sys.exit(2)

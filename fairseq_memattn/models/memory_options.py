@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import numpy as np
 from fairseq import utils
 
+from ..errors import UserError
 from ..modules.memory import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def longest_training_source(args, task) -> int:
                              f"{args.max_source_positions} / --max-target-positions "
                              f"{args.max_target_positions}")
     except (FileNotFoundError, NotImplementedError, ValueError) as reason:
-        raise ValueError(
+        raise UserError(
             f"--memory-position-encoding needs S of Eq. 10, the longest source the model trains "
             f"on, and it could not be read from the training data of task "
             f"{type(task).__name__} ({reason}): pass --memory-position-max-len S with the number "
