@@ -7,13 +7,13 @@ and ``lstm_memattn`` with memory attention. OUT holds ``encoder.onnx``
 Eq. 4-5 for alignments), ``decoder.onnx`` (one decoder step with its
 self-attention cache, or the LSTM's h and c, as inputs and outputs, ending in the beam search's
 choice of candidates), ``config.json``, the dictionaries and, when there is one, the
-sentencepiece model. ``--quantize int8``: ONNX Runtime's dynamic int8
-quantization of every matrix product with a constant weight.
-Needs the optional extra ``deploy`` (``pip install "fairseq_memattn[deploy]"``).
+sentencepiece model. ``--quantize int8``: every matrix product with a constant
+weight in int8, the weight per output column, its input per row (a sentence's
+result does not depend on its batch), and the embedding tables in int8; an LSTM
+stays float32. Needs onnx (the optional extra ``deploy``, ``pip install "fairseq_memattn[deploy]"``).
 """
 
 import json
-import logging
 import os
 import shutil
 
@@ -68,7 +68,8 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     try:
         import onnx
     except ImportError:
-        raise ExportError('the export needs onnx and onnxruntime: pip install "fairseq_memattn[deploy]"')
+        raise ExportError('the export needs onnx, which is not installed: pip install onnx '
+                          '(or "fairseq_memattn[deploy]")') from None
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     check_out(out, force)
@@ -78,21 +79,10 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
 
     family = transformer if isinstance(model, MemAttnTransformerModel) else lstm
     family.check_supported(model)
-    graphs, config = family.build(model)
+    graphs, config = family.build(model, quantize)
     os.makedirs(out, exist_ok=True)
     for part, graph in graphs.items():
-        path = os.path.join(out, f"{part}.onnx")
-        onnx.save(graph.model(), path)
-        if quantize:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            logging.disable(logging.WARNING)  # its INFO line per tensor on the root logger, its advice to preprocess
-            try:
-                # the type of what ONNX Runtime's own operators output, which onnx's shape inference cannot tell
-                quantize_dynamic(path, path, weight_type=QuantType.QInt8,
-                                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-            finally:
-                logging.disable(logging.NOTSET)
+        onnx.save(graph.model(), os.path.join(out, f"{part}.onnx"))
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_dict.save(os.path.join(out, "dict.source.txt"))
     tgt_dict.save(os.path.join(out, "dict.target.txt"))

@@ -1,6 +1,7 @@
 """A small builder of ONNX graphs from a model's weights: named initializers,
 one method per operator pattern the exported models use (linear layers,
-layer norms, multi-head attention pieces), float32 throughout."""
+layer norms, multi-head attention pieces), float32, or with ``quantize="int8"``
+int8 products with constant weights (``Graph.product``) and int8 embedding tables."""
 
 import numpy as np
 import onnx
@@ -9,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # LayerNormalization
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+TINY = np.float32(1e-30)  # the least scale: an all-zero row or column quantizes to zeros, not NaN
 
 
 def as_array(tensor) -> np.ndarray:
@@ -16,12 +18,14 @@ def as_array(tensor) -> np.ndarray:
 
 
 class Graph:
-    def __init__(self, name: str):
+    def __init__(self, name: str, quantize: str = None):
         self.name = name
+        self.quantize = quantize
         self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
         self.count = 0
         self.constants = {}
         self.renamed = {}  # node outputs renamed to graph outputs
+        self.int8_rows = {}  # x -> (x in uint8, its rows' max |x|): one quantization for every product of x
 
     def fresh(self, hint: str) -> str:
         self.count += 1
@@ -71,6 +75,11 @@ class Graph:
         opsets = [helper.make_opsetid("", OPSET)]
         if any(node.domain == "com.microsoft" for node in self.nodes):  # ONNX Runtime's fused kernels
             opsets.append(helper.make_opsetid("com.microsoft", 1))
+        if self.quantize:
+            constant = {tensor.name for tensor in self.initializers}
+            left = [node.name or node.output[0] for node in self.nodes
+                    if node.op_type in ("MatMul", "Gemm") and constant.intersection(node.input)]
+            assert not left, f"float products with constant weights left in the int8 graph: {left}"
         model = helper.make_model(graph, opset_imports=opsets, producer_name="fairseq_memattn")
         model.ir_version = 8
         onnx.checker.check_model(model, full_check=not any(node.domain for node in self.nodes))
@@ -78,9 +87,38 @@ class Graph:
 
     # --- layers -------------------------------------------------------------------
 
+    def product(self, x: str, weight, hint: str = "weight") -> str:
+        """x W for a constant W (in x out). int8: W symmetric per output column, x symmetric per row
+        (its own max |x|), so that no row's result depends on the other rows of its batch."""
+        weight = as_array(weight)
+        if self.quantize != "int8":
+            return self.op("MatMul", x, self.weight(weight, hint))
+        column_max = np.maximum(np.abs(weight).max(axis=0), TINY)
+        w_int8 = np.rint(weight * (127 / column_max)).astype(np.int8)
+        if x not in self.int8_rows:
+            row_max = self.op("Max", self.op("ReduceMax", self.op("Abs", x), axes=[-1], keepdims=1), self.const(TINY))
+            # uint8 around 128 for the u8 x s8 kernels: round(127 x / row max) + 128
+            self.int8_rows[x] = (self.op("QuantizeLinear", self.op("Div", x, row_max), self.const(1 / 127),
+                                         self.const(128, np.uint8)), row_max)
+        x_uint8, row_max = self.int8_rows[x]
+        # product * row max * column max / 127^2; a 1-D b_scale is per column, a_scale [..., 1] per row
+        return self.op("MatMulIntegerToFloat", x_uint8, self.weight(w_int8, hint), row_max,
+                       self.weight((column_max / 127 ** 2).astype(np.float32), hint + "_scale"),
+                       self.const(128, np.uint8), domain="com.microsoft")
+
+    def embedding(self, table, ids: str, hint: str = "embed") -> str:
+        """Rows ``ids`` of a constant table; int8: the table in int8 with one scale (a row's values
+        do not depend on the batch)."""
+        table = as_array(table)
+        if self.quantize != "int8":
+            return self.op("Gather", self.weight(table, hint), ids)
+        scale = np.float32(max(np.abs(table).max(), TINY) / 127)
+        rows = self.op("Gather", self.weight(np.rint(table / scale).astype(np.int8), hint), ids)
+        return self.op("DequantizeLinear", rows, self.const(scale), self.const(0, np.int8))
+
     def linear(self, x: str, module, bias: bool = True) -> str:
         """x W^T + b of an nn.Linear (W stored transposed, as MatMul wants it)."""
-        y = self.op("MatMul", x, self.weight(as_array(module.weight).T, "weight"))
+        y = self.product(x, as_array(module.weight).T)
         if bias and module.bias is not None:
             y = self.op("Add", y, self.weight(module.bias, "bias"))
         return y
@@ -90,7 +128,7 @@ class Graph:
         weight = np.concatenate([as_array(m.weight) for m in modules]).T
         bias = np.concatenate([as_array(m.bias) if m.bias is not None else np.zeros(m.weight.shape[0], np.float32)
                                for m in modules])
-        y = self.op("Add", self.op("MatMul", x, self.weight(weight, "weight")), self.weight(bias, "bias"))
+        y = self.op("Add", self.product(x, weight), self.weight(bias, "bias"))
         sizes = self.const([m.weight.shape[0] for m in modules], np.int64)
         return self.op("Split", y, sizes, axis=-1, outputs=len(modules))
 

@@ -39,16 +39,16 @@ def _lstm_weights(g: Graph, lstm, layer: int, directions):
     return g.weight(W, "lstm_W"), g.weight(R, "lstm_R"), g.weight(B, "lstm_B")
 
 
-def encoder_graph(model) -> Graph:
+def encoder_graph(model, quantize: str = None) -> Graph:
     encoder, decoder = model.encoder, model.decoder
     H = encoder.lstm.hidden_size
-    g = Graph("memattn_lstm_encoder")
+    g = Graph("memattn_lstm_encoder", quantize)
     tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
     padding = g.op("Equal", tokens, g.const(encoder.padding_idx, np.int64))
     not_pad = g.op("Cast", g.op("Not", padding), to=INT64)
     counts = g.op("CumSum", not_pad, g.const(1, np.int64))
     lengths = g.op("Cast", g.op("ReduceSum", not_pad, g.const([1], np.int64), keepdims=0), to=6)  # int32
-    x = g.op("Transpose", g.op("Gather", g.weight(encoder.embed_tokens.weight, "embed"), tokens), perm=[1, 0, 2])
+    x = g.op("Transpose", g.embedding(encoder.embed_tokens.weight, tokens), perm=[1, 0, 2])
     for layer in range(encoder.lstm.num_layers):
         y, h, c = g.op("LSTM", x, *_lstm_weights(g, encoder.lstm, layer, 2), lengths, outputs=3,
                        direction="bidirectional", hidden_size=H)
@@ -72,10 +72,10 @@ def encoder_graph(model) -> Graph:
     return g
 
 
-def decoder_graph(model) -> Graph:
+def decoder_graph(model, quantize: str = None) -> Graph:
     decoder, attention = model.decoder, model.decoder.attention
     L, H, E, K = decoder.num_layers, decoder.hidden_size, attention.context_dim, attention.writer.num_contexts
-    g = Graph("memattn_lstm_decoder_step")
+    g = Graph("memattn_lstm_decoder_step", quantize)
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     g.input("step", INT64, [1])
     reorder = g.input("reorder", INT64, ["hypotheses"])  # which row of the state each hypothesis continues
@@ -84,7 +84,7 @@ def decoder_graph(model) -> Graph:
     context_in = (g.op("Gather", g.input("state_context", FLOAT, ["rows", E]), reorder, axis=0)
                   if decoder.input_feeding else None)
     contexts = g.input("memory_contexts", FLOAT, ["sources", K, E])
-    x = g.op("Gather", g.weight(decoder.embed_tokens.weight, "embed"), tokens)
+    x = g.embedding(decoder.embed_tokens.weight, tokens)
     if context_in is not None:
         x = g.op("Concat", x, context_in, axis=1)
     h_layers, c_layers = (g.op("Transpose", t, perm=[1, 0, 2]) for t in (h_in, c_in))  # layers x N x H
@@ -111,11 +111,11 @@ def decoder_graph(model) -> Graph:
     return g
 
 
-def build(model):
+def build(model, quantize: str = None):
     decoder = model.decoder
     state = [{"name": "state_h", "from": "initial_h"}, {"name": "state_c", "from": "initial_c"}]
     if decoder.input_feeding:
         state.append({"name": "state_context", "zeros": [decoder.attention.context_dim]})
     config = {"model": "lstm_memattn", "memory_k": decoder.attention.writer.num_contexts, "alignment_memory": 0,
               "memory_outputs": ["memory_contexts"], "decoder_state": state, "source_padding": "right"}
-    return {"encoder": encoder_graph(model), "decoder": decoder_graph(model)}, config
+    return {"encoder": encoder_graph(model, quantize), "decoder": decoder_graph(model, quantize)}, config

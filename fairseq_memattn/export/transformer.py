@@ -54,14 +54,14 @@ def check_supported(model) -> None:
 
 def _embed(g: Graph, tokens: str, module, positions: str):
     """embed_scale * E[tokens] (+ project_in_dim) + positions (+ layernorm_embedding), as fairseq."""
-    x = g.op("Gather", g.weight(module.embed_tokens.weight, "embed"), tokens)
+    x = g.embedding(module.embed_tokens.weight, tokens)
     if module.embed_scale != 1.0:
         x = g.op("Mul", x, g.const(module.embed_scale))
     if getattr(module, "project_in_dim", None) is not None:
         x = g.linear(x, module.project_in_dim)
     if module.embed_positions is not None:
         table = positions_table(module.embed_positions, module.max_positions() + module.padding_idx + 2)
-        x = g.op("Add", x, g.op("Gather", g.weight(table, "positions"), positions))
+        x = g.op("Add", x, g.embedding(table, positions, "positions"))
     if module.layernorm_embedding is not None:
         x = g.layer_norm(x, module.layernorm_embedding)
     return x
@@ -94,9 +94,9 @@ def memory_names(model):
             for part in layer.encoder_attn.memory_parts]
 
 
-def encoder_graph(model, activation: str) -> Graph:
+def encoder_graph(model, activation: str, quantize: str = None) -> Graph:
     encoder = model.encoder
-    g = Graph("memattn_transformer_encoder")
+    g = Graph("memattn_transformer_encoder", quantize)
     tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
     padding = g.op("Equal", tokens, g.const(encoder.padding_idx, np.int64))
     not_pad = g.op("Cast", g.op("Not", padding), to=INT64)
@@ -158,10 +158,10 @@ def _cached_self_attention(g: Graph, x: str, attention, index: int, new_position
     return g.linear(out, attention.out_proj)
 
 
-def decoder_graph(model, activation: str) -> Graph:
+def decoder_graph(model, activation: str, quantize: str = None) -> Graph:
     decoder = model.decoder
     K = model.encoder.writers[0].num_contexts
-    g = Graph("memattn_transformer_decoder_step")
+    g = Graph("memattn_transformer_decoder_step", quantize)
     tokens = g.input("prev_tokens", INT64, ["hypotheses"])
     step = g.input("step", INT64, [1])
     g.input("history", INT64, [decoder.layers[0].self_attn.num_heads, "hypotheses", "past"])  # _cached_self_attention
@@ -192,7 +192,7 @@ def decoder_graph(model, activation: str) -> Graph:
         x = g.layer_norm(x, decoder.layer_norm)
     if decoder.project_out_dim is not None:
         x = g.linear(x, decoder.project_out_dim)
-    logits = g.op("MatMul", x, g.weight(as_array(decoder.output_projection.weight).T, "output_projection"))
+    logits = g.product(x, as_array(decoder.output_projection.weight).T, "output_projection")
     if getattr(decoder.output_projection, "bias", None) is not None:
         logits = g.op("Add", logits, g.weight(decoder.output_projection.bias, "output_bias"))
     beam_candidates(g, logits, len(decoder.dictionary))
@@ -203,7 +203,7 @@ def decoder_graph(model, activation: str) -> Graph:
     return g
 
 
-def build(model):
+def build(model, quantize: str = None):
     """The graphs and the config the translator needs."""
     activation = model.cfg.activation_fn if hasattr(model, "cfg") else model.args.activation_fn
     layers = model.decoder.layers
@@ -219,4 +219,5 @@ def build(model):
                                  for layer in layers],
         "source_padding": "left",
     }
-    return {"encoder": encoder_graph(model, activation), "decoder": decoder_graph(model, activation)}, config
+    return {"encoder": encoder_graph(model, activation, quantize),
+            "decoder": decoder_graph(model, activation, quantize)}, config
