@@ -189,14 +189,15 @@ def test_transformer_alignments_are_read_weights_times_alpha_transposed(transfor
 
 def test_install_message_names_the_real_extra(tmp_path):
     """With a fairseq that is installed but does not import (PyPI's 0.12.2 on Python 3.11), the
-    plugin says which extra to install, and that extra exists in setup.py. (Without any fairseq
+    plugin's registration says which extra to install, and that extra exists in setup.py. (Without any fairseq
     it imports for the ONNX runtime alone: tests/test_deploy.py.)"""
     broken = tmp_path / "fairseq"
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ValueError('mutable default for field common')\n")
     env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    result = subprocess.run([os.path.join(BIN, "python"), "-c", "import fairseq_memattn"],
+    result = subprocess.run([os.path.join(BIN, "python"), "-c",
+                             "import fairseq_memattn; fairseq_memattn.register()"],
                             env=env, capture_output=True, text=True, timeout=120)
     extra = re.search(r"pip install '(fairseq_memattn\[([\w-]+)\])'", result.stderr)
     assert result.returncode != 0 and extra, result.stderr[-2000:]
