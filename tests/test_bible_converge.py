@@ -2,6 +2,7 @@
 models side by side, decoding best and averaged checkpoints, the archive) and the report that scores
 it here. After this passes, the GPU run can only fail because of the GPU."""
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -10,6 +11,7 @@ import pytest
 from conftest import clean_env
 
 from recipes.bible import converge
+from recipes.train_log import read_train_log
 
 SCRIPT = ["-m", "recipes.bible.converge"]
 # The recipe's models at toy width and depth (options both fairseq-train architectures take).
@@ -46,9 +48,10 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     for model in converge.MODELS:
         row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[1:3] == ["--max-update", "60"] and int(cells[3]) >= 2
-        assert cells[5] in ("best", "average") and float(cells[6]) >= 0 and float(cells[7]) >= 0
-        assert float(cells[10]) > 0  # ms per output token
+        # The toy run had no GPU: its machine.txt names none.
+        assert cells[1:4] == ["CPU", "--max-update", "60"] and int(cells[4]) >= 2
+        assert all(float(cell) >= 0 for cell in cells[6:10])  # BLEU and chrF of best and averaged
+        assert cells[10] in ("best", "average") and float(cells[12]) > 0  # ms per output token
         assert (results / model / "best" / "generate.test.txt.gz").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
     for baseline in converge.PAIRS:
@@ -96,3 +99,87 @@ def test_decoding_time_and_output_tokens_from_fairseq_generates_log():
     log = ("2026-11-27 05:00:00 | INFO | fairseq_cli.generate | Translated 1,151 sentences (41,207 tokens) "
            "in 3.2s (359.69 sentences/s, 12877.19 tokens/s)\n")
     assert decoding_stats(log) == (3.2, 41207.0)
+
+
+def test_epochs_since_the_best_validation():
+    from recipes.bible.converge_cpu import epochs_since_best
+
+    assert epochs_since_best([]) == 0
+    assert epochs_since_best([(10, 5.0), (20, 4.0), (30, 4.5), (40, 4.2)]) == 2
+    assert epochs_since_best([(10, 5.0), (20, 4.0), (30, 4.0)]) == 1  # a tie is no improvement
+    assert epochs_since_best([(10, 5.0), (20, 4.0)]) == 0
+
+
+def cpu_driver(data, tmp_path, *args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "recipes.bible.converge_cpu", "--data", str(data), "--work",
+                           str(tmp_path / "work"), "--out", str(tmp_path / "results"), *args],
+                          env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_cpu_training_stops_after_patience_epochs_however_often_it_is_resumed(tmp_path, monkeypatch):
+    """converge_cpu.train against a stand-in fairseq-train that logs one validation an epoch from a
+    fixed sequence of losses: each call must ask for exactly the epochs that could pass before a stop,
+    and the run ends when the best is --patience epochs old, also when resumed in the middle."""
+    from argparse import Namespace
+
+    from recipes.bible import converge_cpu
+
+    losses = [5.0, 4.0, 4.2, 3.9, 4.0, 4.1, 3.95, 4.3, 3.0]  # best at epoch 4, then 3 without a better one
+    asked = []
+
+    def fake_fairseq(command, log, lock):
+        last = int(command[command.index("--max-epoch") + 1])
+        asked.append(last)
+        done = len(read_train_log(log)["curve"]) if os.path.exists(log) else 0
+        with open(log, "a") as f:
+            for epoch in range(done + 1, last + 1):
+                f.write(f"2026-01-01 00:00:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | "
+                        f"loss {losses[epoch - 1]} | nll_loss 1 | num_updates {10 * epoch}\n")
+        return True
+
+    monkeypatch.setattr(converge_cpu, "run_fairseq", fake_fairseq)
+    args = Namespace(out=str(tmp_path), work=str(tmp_path), data=str(tmp_path), seed=1, patience=3,
+                     max_epoch=100, train_args=[])
+    assert converge_cpu.train(args, "transformer", None, lambda: None)
+    # 3 epochs (best at 2, 1 old), 2 more (best at 4, 1 old), 2 more: best 3 old, stop.
+    assert asked == [3, 5, 7]
+    log = converge_cpu.log_path(args, "transformer")
+    assert len(read_train_log(log)["curve"]) == 7
+    asked.clear()
+    assert converge_cpu.train(args, "transformer", None, lambda: None) and asked == []  # resumed: done
+    args.max_epoch, args.patience = 8, 5
+    assert converge_cpu.train(args, "transformer", None, lambda: None) and asked == [8]  # the cap
+
+
+@pytest.mark.slow
+def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe, tmp_path):
+    from recipes.bible import converge_cpu
+
+    data = own_pair_recipe["out"]
+    toy = ["--max-epoch", "3", "--train-args", "--max-tokens 1000 --batch-size 100 --warmup-updates 10 " + TOY_SIZES]
+    ran = cpu_driver(data, tmp_path, *toy)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    table = (tmp_path / "results" / "table.md").read_text()
+    for model in converge_cpu.PAIR:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "3"
+        assert all(float(cell) >= 0 for cell in cells[6:10]) and float(cells[12]) > 0
+    for label in ("transformer (the source)", "converted, before fine-tuning", "converted", "original"):
+        assert any(line.startswith(f"| {label} |") for line in table.splitlines()), label
+    assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
+    logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR}
+
+    again = cpu_driver(data, tmp_path, *toy, timeout=300)  # all done: nothing trains again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR} == logs
+
+
+def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
+    from recipes.bible import converge_cpu
+
+    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    assert converge_cpu.hold_lock(str(tmp_path / "work")) is not None
+    ran = cpu_driver(tmp_path / "data", tmp_path, timeout=120)
+    assert ran.returncode == 0 and "already running" in ran.stdout
+    assert not (tmp_path / "results" / "cpu").exists()  # nothing started

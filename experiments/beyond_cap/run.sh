@@ -21,7 +21,7 @@ continue_run() {  # NAME [fairseq-train options that override the preset's...]
   COPY_ARGS="--copy-max-len 100" recipes/copy/train_eval.sh "$out" --arch lstm_memattn --memory-k 16 \
     --memory-encoder-score softmax --memory-decoder-score softmax $ARGS --max-update 30000 --seed 1 \
     --no-progress-bar --log-interval 100 "$@" > /dev/null
-  python -m fairseq_memattn.score "$out/generate.test.txt" --by-length 20 > "$out/by_length.md"
+  python -m fairseq_memattn.cli.score "$out/generate.test.txt" --by-length 20 > "$out/by_length.md"
 }
 continue_run L100_K16_softmax-softmax_s1                 # the same learning rate, 1e-3
 continue_run L100_K16_softmax-softmax_s1_lr1e-4 --lr 1e-4 --max-update 18000  # the paper's learning rate (Sec. 4.1)

@@ -17,9 +17,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-import fairseq_memattn  # noqa: F401  (registers the models)
 from fairseq import checkpoint_utils
+
+import fairseq_memattn
 from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
+
+fairseq_memattn.register()  # the models, and torch.load's allowlist for their checkpoints
 
 
 @torch.no_grad()

@@ -16,4 +16,4 @@ OUT=experiments/paper_size/L100_K16_softmax-softmax_s1
 COPY_ARGS="--copy-max-len 100" recipes/copy/train_eval.sh "$OUT" --arch lstm_memattn --memory-k 16 \
   --memory-encoder-score softmax --memory-decoder-score softmax $ARGS $SIZES --seed 1 \
   --no-progress-bar --log-interval 100 > /dev/null
-python -m fairseq_memattn.score "$OUT/generate.test.txt" --by-length 20 > "$OUT/by_length.md"
+python -m fairseq_memattn.cli.score "$OUT/generate.test.txt" --by-length 20 > "$OUT/by_length.md"

@@ -17,25 +17,28 @@ import json
 import os
 import shutil
 
+from ..errors import UserError
+
 FORMAT_VERSION = 2
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
              "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 
 
-class ExportError(ValueError):
+class ExportError(UserError):
     """A checkpoint or option the export cannot handle; the message says which."""
 
 
 def load_checkpoint(path: str, data: str = None):
     """(model in eval mode, task) from a fairseq checkpoint of this plugin, or ExportError."""
-    import fairseq_memattn  # noqa: F401  registers the models and tasks
     from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
+    from .. import register
     from ..checkpoint_safety import CheckpointError, architecture, read_checkpoint
     from ..models.lstm_memattn import MemAttnLSTMModel
     from ..models.transformer_memattn import MemAttnTransformerModel
 
+    register()
     overrides = {"data": data} if data else None
     try:
         # --data goes in here: given state=, load_model_ensemble_and_task does not apply the overrides.

@@ -59,14 +59,19 @@ def log(message):
     print(time.strftime("%H:%M:%S"), message, flush=True)
 
 
-def train_command(model, args, save_dir, extra):
-    return [sys.executable, "-m", "fairseq_cli.train", os.path.join(args.bundle, "data-bin"),
-            "--user-dir", compare.PLUGIN, "--task", "translation", "--source-lang", "en",
-            "--target-lang", "fr", *MODELS[model], *GPU_BATCH[model], "--seed", str(args.seed),
-            "--max-source-positions", "256", "--max-target-positions", "256",
+def train_command(model, data_bin, save_dir, seed, options):
+    """fairseq-train of MODEL on the Bible en-fr data, with the options of the device and the run."""
+    return [sys.executable, "-m", "fairseq_cli.train", data_bin, "--user-dir", compare.PLUGIN,
+            "--task", "translation", "--source-lang", "en", "--target-lang", "fr", *MODELS[model],
+            "--seed", str(seed), "--max-source-positions", "256", "--max-target-positions", "256",
             "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
-            "--save-dir", save_dir, "--log-format", "simple", "--log-interval", "50",
-            "--num-workers", "2", *device_args(args), *shlex.split(args.train_args), *extra]
+            "--save-dir", save_dir, "--log-format", "simple", "--log-interval", "50", *options]
+
+
+def gpu_train_command(model, args, save_dir, extra):
+    return train_command(model, os.path.join(args.bundle, "data-bin"), save_dir, args.seed,
+                         [*GPU_BATCH[model], "--num-workers", "2", *device_args(args),
+                          *shlex.split(args.train_args), *extra])
 
 
 def device_args(args):
@@ -106,7 +111,7 @@ def smoke(args, stage, work):
     processes = {}
     for model in MODELS:
         os.makedirs(os.path.join(stage, model), exist_ok=True)
-        command = train_command(model, args, os.path.join(work, "smoke", model),
+        command = gpu_train_command(model, args, os.path.join(work, "smoke", model),
                                 ["--max-update", str(args.smoke_updates), "--disable-validation",
                                  "--no-save"])
         processes[model] = start(command, os.path.join(stage, model, "smoke.log"))
@@ -123,7 +128,7 @@ def train(args, stage, work, seconds):
     """The four models side by side, each to --patience or the wall-clock cap."""
     processes = {}
     for model in MODELS:
-        command = train_command(model, args, os.path.join(work, "checkpoints", model),
+        command = gpu_train_command(model, args, os.path.join(work, "checkpoints", model),
                                 ["--patience", str(PATIENCE), "--stop-time-hours", f"{seconds / 3600:.5f}",
                                  "--keep-last-epochs", str(AVERAGE_LAST), "--no-last-checkpoints",
                                  "--max-update", str(args.max_update)])
@@ -348,28 +353,18 @@ def chosen_checkpoint(runs, baseline, memory):
     return "average" if pair and len(better) == len(pair) and all(better) else "best"
 
 
-STOPPED = {"converged": f"patience ({PATIENCE} epochs)", "time": "wall-clock cap", "cap": "--max-update",
-           None: "did not finish"}
+STOPPED = {"converged": "patience", "time": "wall-clock cap", "cap": "--max-update",
+           "max-epoch": "--max-epoch", "running": "still running", None: "did not finish"}
+TABLE_HEADER = ["| model | device | stopped by | updates | epochs | best valid loss (update) | test BLEU, best "
+                "| chrF, best | test BLEU, average | chrF, average | chosen on valid | BLEU vs baseline (chosen) "
+                "| ms / token |",
+                "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
 
 
-def write_table(args, runs):
-    machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
-    lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
-             f"Machine: {'; '.join(l for l in machine if l)}. Test split (Romans), beam 5, sacreBLEU on "
-             "detokenised text. All four models trained at once on the one GPU (`recipes/bible/converge.py "
-             f"run`), each until {PATIENCE} epochs without a better validation loss or the wall-clock cap; "
-             "batches: " + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
-             ", the rest as in `recipes/bible/compare.py`. Decoded from the best checkpoint, or from the "
-             f"average of the last {AVERAGE_LAST} epochs' where that is better on validation for both "
-             "models of the pair. ms / token: the test split decoded alone on the GPU (batches of 128, "
-             "fairseq-generate's timer), per output token.", "", "```bash",
-             "python -m recipes.bible.converge pack --data DATA",
-             "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
-             "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
-             "| model | stopped by | updates | epochs | best valid loss (update) | checkpoint | test BLEU "
-             "| chrF | BLEU vs baseline | valid BLEU best / average | ms / token (GPU) |",
-             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |"]
-    signatures = set()
+def pair_rows(runs, device):
+    """Table rows (TABLE_HEADER's columns) of each pair's models that RUNS has, and the sacreBLEU
+    signatures they used."""
+    rows, signatures = [], set()
     for baseline, memory in PAIRS.items():
         chosen = chosen_checkpoint(runs, baseline, memory)
         base_bleu = None
@@ -377,21 +372,38 @@ def write_table(args, runs):
             if model not in runs:
                 continue
             run, log_ = runs[model], runs[model]["log"]
-            scores = run["checkpoints"].get(chosen, {}).get("test")
-            valid = " / ".join(f"{run['checkpoints'][c]['valid']['bleu']:.2f}"
-                               for c in ("best", "average") if c in run["checkpoints"])
-            bleu = scores["bleu"] if scores else None
+            tests = {c: run["checkpoints"].get(c, {}).get("test") for c in ("best", "average")}
+            bleu = tests[chosen]["bleu"] if tests[chosen] else None
             if model == baseline:
                 base_bleu = bleu
             delta = f"{bleu - base_bleu:+.2f}" if model != baseline and None not in (bleu, base_bleu) else ""
-            cells = [model, STOPPED[log_["stopped"]], log_["updates"], log_["epochs"],
-                     f"{log_['best_valid_loss']:.3f} ({log_['best_update']})", chosen,
-                     "" if bleu is None else f"{bleu:.2f}", "" if scores is None else f"{scores['chrf']:.2f}",
-                     delta, valid, f"{run['ms_per_token']:.2f}" if "ms_per_token" in run else ""]
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
-            if scores:
-                signatures.update(scores["signatures"])
-    lines += ["", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), ""]
+            scores = [f"{tests[c][metric]:.2f}" if tests[c] else "" for c in ("best", "average")
+                      for metric in ("bleu", "chrf")]
+            cells = [model, device, STOPPED[log_["stopped"]], log_["updates"], log_["epochs"],
+                     f"{log_['best_valid_loss']:.3f} ({log_['best_update']})", *scores,
+                     chosen if tests[chosen] else "", delta,
+                     f"{run['ms_per_token']:.2f}" if "ms_per_token" in run else ""]
+            rows.append("| " + " | ".join(map(str, cells)) + " |")
+            signatures.update(s for t in tests.values() if t for s in t["signatures"])
+    return rows, signatures
+
+
+def write_table(args, runs):
+    machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
+    rows, signatures = pair_rows(runs, "GPU" if any(l.startswith("gpu ") for l in machine) else "CPU")
+    lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
+             f"Machine: {'; '.join(l for l in machine if l)}. Test split (Romans), beam 5, sacreBLEU on "
+             "detokenised text. All four models trained at once on the one GPU (`recipes/bible/converge.py "
+             f"run`), each until {PATIENCE} epochs without a better validation loss or the wall-clock cap; "
+             "batches: " + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
+             ", the rest as in `recipes/bible/compare.py`. Test scores from the best checkpoint and from the "
+             f"average of the last {AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
+             "better on validation for both models, else on the best. ms / token: the test split decoded "
+             "alone on the GPU (batches of 128, fairseq-generate's timer), per output token.", "", "```bash",
+             "python -m recipes.bible.converge pack --data DATA",
+             "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
+             "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
+             *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), ""]
     tests = os.path.join(args.out, "cuda_tests.log")
     if os.path.isfile(tests):
         summary = [l for l in open(tests, encoding="utf-8").read().splitlines() if l.strip()]
@@ -428,7 +440,7 @@ def main(argv=None):
     rp = sub.add_parser("report", help="here: score the archive, table and curves")
     rp.add_argument("archive")
     rp.add_argument("--data", required=True, help="the folder pack read (for the references)")
-    rp.add_argument("--out", default=os.path.join(compare.REPO, "results", "bible", "converged"))
+    rp.add_argument("--out", default=os.path.join(compare.REPO, "results", "bible", "converged", "gpu"))
     args = p.parse_args(argv)
     if args.command == "pack":
         return pack(args)

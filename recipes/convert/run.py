@@ -54,7 +54,9 @@ def memory_flags(flags):
 
 def source_updates(source):
     """N: the update count the transformer's checkpoint was saved at."""
-    import fairseq_memattn  # noqa: F401  torch.load allowlist
+    import fairseq_memattn
+
+    fairseq_memattn.register()  # torch.load's allowlist for fairseq checkpoints
     from fairseq import checkpoint_utils
 
     return checkpoint_utils.load_checkpoint_to_cpu(source)["optimizer_history"][-1]["num_updates"]
@@ -71,7 +73,7 @@ def converted_path(args):
 def convert(args):
     if os.path.isfile(converted_path(args)):
         return
-    command = [sys.executable, "-m", "fairseq_memattn.convert", args.source, converted_path(args),
+    command = [sys.executable, "-m", "fairseq_memattn.cli.convert", args.source, converted_path(args),
                "--data", os.path.join(args.data, "data-bin"), *memory_flags(compare.MODELS[MEMORY])]
     print("$ " + shlex.join(command), flush=True)
     subprocess.run(command, check=True, cwd=REPO)

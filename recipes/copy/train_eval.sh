@@ -26,6 +26,6 @@ fairseq-generate "${TASK[@]}" --path "$OUT/checkpoint_best.pt" --gen-subset test
   > "$OUT/generate.test.txt" 2> "$OUT/generate.log"
 grep -E "Translated" "$OUT/generate.log" | sed -E 's/.*INFO[^ ]* //' || true
 # score.json marks the run done (the sweep driver skips it): written whole or not at all.
-python -m fairseq_memattn.score "$OUT/generate.test.txt" --json > "$OUT/score.json.partial"
+python -m fairseq_memattn.cli.score "$OUT/generate.test.txt" --json > "$OUT/score.json.partial"
 mv "$OUT/score.json.partial" "$OUT/score.json" && cat "$OUT/score.json"
 gzip -f "$OUT/generate.test.txt"  # a copy-task output is about 1 MB of digits; gzip keeps a fifth

@@ -235,8 +235,9 @@ def load_engine(engine, folder, threads, args):
         from fairseq import checkpoint_utils
         from fairseq.sequence_generator import SequenceGenerator
 
-        import fairseq_memattn  # noqa: F401
+        import fairseq_memattn
 
+        fairseq_memattn.register()
         torch.set_num_threads(threads)
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([os.path.join(folder, "checkpoint.pt")])
         model = models[0].eval()

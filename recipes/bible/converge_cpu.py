@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Quality at convergence on a CPU: fairseq's ``transformer`` against ``transformer_memattn`` (K = 64,
+the architecture's defaults) on the Bible en-fr data, side by side on one thread each, each until its
+validation loss has not improved for --patience (5) epochs; then both decoded (best checkpoint and the
+average of the last epochs'); then the converged transformer converted to transformer_memattn and
+fine-tuned for 5 % and 10 % of its updates beside the transformer continued as long
+(``recipes/convert/run.py``); the table and curves in results/bible/converged/.
+
+    nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &
+
+Safe to run again at any time: while a copy (or a fairseq-train it started) runs, another exits at
+once; a new one resumes each model from its checkpoint_last.pt and skips what is done. Pause with
+``pkill -STOP -f fairseq_cli.train`` and go on with ``pkill -CONT -f fairseq_cli.train``. The table
+and the curves are written again after every round of epochs, so they grow as training goes.
+"""
+
+import argparse
+import fcntl
+import gzip
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from argparse import Namespace
+
+from recipes.bible import compare, converge
+from recipes.convert import run as convert_run
+from recipes.train_log import finished, plot_curves, read_train_log
+
+PAIR = ("transformer", "transformer_memattn")
+# compare.py's small Transformer at half its width, with less dropout for the smaller model, so that
+# the pair converges within a few hours on two cores (docs/wmt17.md has the estimate).
+CPU_SIZE = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
+            "--decoder-ffn-embed-dim", "512", "--dropout", "0.1"]
+FRACTIONS = (0.05, 0.1)  # the conversion's fine-tuning, as fractions of the transformer's updates
+DEFAULT_WORK = os.path.join(compare.REPO, "checkpoints", "bible", "converged")
+DEFAULT_OUT = os.path.join(compare.REPO, "results", "bible", "converged")
+COMMAND = "nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &"
+
+
+def epochs_since_best(curve):
+    """Validations (one an epoch) after the one with the lowest loss."""
+    if not curve:
+        return 0
+    losses = [loss for _, loss in curve]
+    return len(losses) - 1 - losses.index(min(losses))
+
+
+def log_path(args, model):
+    return os.path.join(args.out, "cpu", model, "train.log")
+
+
+def run_fairseq(command, log, lock):
+    """Run COMMAND with its output appended to LOG; whether it finished. The driver's lock file
+    descriptor is passed on, so the lock stays held while any fairseq-train it started still runs."""
+    with open(log, "a", encoding="utf-8") as f:
+        f.write("$ " + " ".join(command) + "\n")
+        f.flush()
+        begin = f.tell()
+        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, pass_fds=(lock,)).returncode
+    with open(log, encoding="utf-8") as f:
+        f.seek(begin)
+        return finished(code, f.read())
+
+
+def train(args, model, lock, on_round):
+    """Epoch rounds of fairseq-train until --patience epochs without a better validation loss.
+
+    fairseq's own --patience counts from the first validation of each process, so a resumed run
+    would forget how long it had gone without improving: the count is kept here, from the log."""
+    log = log_path(args, model)
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    while True:
+        curve = read_train_log(log)["curve"] if os.path.isfile(log) else []
+        waited = epochs_since_best(curve)
+        if waited >= args.patience or len(curve) >= args.max_epoch:
+            return True
+        # No stop can come before patience - waited more epochs: one fairseq-train runs them all.
+        epochs = min(len(curve) + args.patience - waited, args.max_epoch)
+        options = [*CPU_SIZE, "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST), "--max-epoch", str(epochs),
+                   *args.train_args]
+        command = converge.train_command(model, os.path.join(args.data, "data-bin"),
+                                         os.path.join(args.work, "checkpoints", model), args.seed, options)
+        if not run_fairseq(command, log, lock):
+            converge.log(f"{model}: fairseq-train failed, see {log}")
+            return False
+        on_round()
+
+
+def decoded(folder):
+    return all(os.path.isfile(os.path.join(folder, part)) for part in
+               ("best/hyp.valid.fr", "best/evaluate.test.json", "average/hyp.test.fr"))
+
+
+def decode(args, model):
+    """Best checkpoint (valid, and test timed alone) and the average of the last epochs' (valid, test)."""
+    folder = os.path.join(args.out, "cpu", model)
+    if decoded(folder):
+        return
+    settings = Namespace(bundle=args.data, cpu=True, generate_args="")
+    converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
+    converge.evaluate(settings, os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt"), "test",
+                      os.path.join(folder, "best"))
+    for top, _, names in os.walk(folder):  # fairseq-generate's outputs kept compressed
+        for name in names:
+            if name.startswith("generate.") and name.endswith(".txt"):
+                path = os.path.join(top, name)
+                with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
+                    shutil.copyfileobj(f, z)
+                os.remove(path)
+
+
+def conversion_settings(args):
+    """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
+    return Namespace(data=args.data, source=os.path.join(args.work, "checkpoints", "transformer", "checkpoint_best.pt"),
+                     work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
+                     fractions=FRACTIONS, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
+                     run=None)
+
+
+def conversion_command(settings, *step):
+    return [sys.executable, "-m", "recipes.convert.run", *step, "--data", settings.data, "--source",
+            settings.source, "--work", settings.work, "--out", settings.out, "--fractions",
+            *map(str, settings.fractions), *settings.extra]
+
+
+def convert(args, lock):
+    """Convert, then fine-tune the converted model beside the transformer continued, side by side."""
+    settings = conversion_settings(args)
+    subprocess.run(conversion_command(settings, "convert"), check=True, cwd=compare.REPO, pass_fds=(lock,))
+    runs = [subprocess.Popen(conversion_command(settings, "train", run), cwd=compare.REPO, pass_fds=(lock,))
+            for run in ("converted", "original")]
+    return all(run.wait() == 0 for run in runs)
+
+
+def runs_so_far(args):
+    """converge.read_run of each model with a log, stopped by patience or still running."""
+    references = {}
+    for subset in ("valid", "test"):
+        with open(os.path.join(args.data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
+            references[subset] = [line.rstrip("\n") for line in f]
+    runs = {}
+    for model in PAIR:
+        if os.path.isfile(log_path(args, model)):
+            runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
+            curve = runs[model]["log"]["curve"]
+            runs[model]["log"]["stopped"] = ("converged" if epochs_since_best(curve) >= args.patience else
+                                             "max-epoch" if len(curve) >= args.max_epoch else "running")
+    return runs
+
+
+def write_results(args, conversion_rows=()):
+    runs = runs_so_far(args)
+    plot_curves(os.path.join(args.out, "curves_transformer_cpu.png"),
+                "Bible en-fr, CPU: transformer_memattn against transformer",
+                {m: run["log"]["curve"] for m, run in runs.items()})
+    rows, signatures = converge.pair_rows(runs, "CPU")
+    minutes = {m: run["log"]["train_seconds"] / 60 / max(1, run["log"]["epochs"]) for m, run in runs.items()}
+    lines = ["# Bible en-fr at convergence: transformer_memattn against transformer", "",
+             "Both trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
+             f"{args.patience} epochs without a better validation loss: recipes/bible/compare.py's small "
+             "Transformer at half its width (3 + 3 layers of 128 units, 4 heads, FFN 512), dropout 0.1, "
+             "batches of 4,096 tokens, Adam with the inverse square root schedule (lr 1e-3, 1,000 warm-up "
+             "updates), label smoothing 0.1; transformer_memattn with K = 64 and its defaults. Test split "
+             "(Romans), beam 5, sacreBLEU on detokenised text, from the best checkpoint and from the average "
+             f"of the last {converge.AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
+             "better on validation for both models, else on the best. ms / token: the test split decoded "
+             "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (side by side): "
+             + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
+             + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
+             "", "```bash", COMMAND, "```", "",
+             *converge.TABLE_HEADER, *rows, "",
+             "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
+             "Validation curves: [curves_transformer_cpu.png](curves_transformer_cpu.png); each run's log, "
+             "command lines and hypotheses in [cpu/](cpu/).", ""]
+    if conversion_rows:
+        lines += ["## The converged transformer converted to transformer_memattn", "",
+                  "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
+                  "window (`fairseq-memattn-convert`), then fine-tuned (all parameters) for 5 % and 10 % of N; "
+                  "beside it the transformer continued from the same checkpoint for as long (`original`). Both "
+                  "keep the checkpoint's optimizer state and schedule. Test sacreBLEU and chrF, beam 5; "
+                  "validation loss by fairseq-validate (label-smoothed).", "",
+                  "| model | updates | fine-tuned | test BLEU | chrF | valid loss |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {label} | {total} | {trained} | {score['bleu']:.2f} | {score['chrf']:.2f} | "
+                  f"{score['valid_loss']:.3f} |" for label, total, trained, score in conversion_rows]
+        lines.append("")
+    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def hold_lock(work):
+    """The driver's lock (held by its fairseq-train processes too), or None if another holds it."""
+    os.makedirs(work, exist_ok=True)
+    descriptor = os.open(os.path.join(work, "driver.lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
+    p.add_argument("--work", default=DEFAULT_WORK, help="checkpoints (default checkpoints/bible/converged)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="logs, hypotheses, table and curves (default results/bible/converged)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--patience", type=int, default=converge.PATIENCE,
+                   help=f"epochs without a better validation loss that end a run (default {converge.PATIENCE})")
+    p.add_argument("--train-args", type=shlex.split, default=[],
+                   help="more fairseq-train options, one string (they override the recipe's)")
+    p.add_argument("--max-epoch", type=int, default=sys.maxsize, help="a cap on epochs (default none)")
+    args = p.parse_args(argv)
+    for name in ("patience", "max_epoch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
+    if not os.path.isdir(os.path.join(args.data, "data-bin")):
+        p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
+    lock = hold_lock(args.work)
+    if lock is None:
+        converge.log(f"already running (the lock {os.path.join(args.work, 'driver.lock')} is held): nothing to do")
+        return 0
+    written = threading.Lock()
+
+    def on_round():
+        with written:
+            write_results(args)
+
+    threads = {}
+    outcome = {}
+    for model in PAIR:
+        threads[model] = threading.Thread(target=lambda m=model: outcome.update({m: train(args, m, lock, on_round)}))
+        threads[model].start()
+    for thread in threads.values():
+        thread.join()
+    if not all(outcome.values()):
+        return 1
+    converge.log("both converged: decoding")
+    for model in PAIR:
+        decode(args, model)
+    write_results(args)
+    converge.log("converting the transformer and fine-tuning")
+    if not convert(args, lock):
+        return 1
+    settings = conversion_settings(args)
+    rows = convert_run.report_rows(settings, convert_run.source_updates(settings.source))
+    write_results(args, rows)
+    converge.log(f"done: {os.path.join(args.out, 'table.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
