@@ -357,3 +357,83 @@ def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, cap
     assert f"{plot_cli.PROG}: error: " in error and expected in error, error
     assert "Traceback" not in error
     assert os.listdir(tmp_path) == []
+
+
+def test_sigmoid_weights_are_labelled_unnormalised():
+    rng = np.random.default_rng(0)
+    alpha, read = rng.random((5, 4)), rng.random((4, 6))
+    contributions = np.einsum("sk,kt->kst", alpha, read)
+    labels = {}
+    for write_score, read_score in (("softmax", "softmax"), ("sigmoid", "softmax"), ("softmax", "sigmoid")):
+        alignment = plot.Alignment("m", list("abcde"), list("uvwxyz"), contributions.sum(axis=0),
+                                   contributions, alphas=[alpha], read=read,
+                                   write_score=write_score, read_score=read_score)
+        fig = plot.draw([alignment])
+        # each heat map's colour bar is the axes matplotlib adds beside it
+        labels[write_score, read_score] = {gid: fig.get_axes()[fig.get_axes().index(ax) + 1].get_ylabel()
+                                           for gid in ("alpha-0", "read", "alignment")
+                                           for ax in axes_with_gid(fig, gid)}
+    unnormalised = "unnormalised (sigmoid scores)"
+    assert labels["softmax", "softmax"] == {"alpha-0": "", "read": "", "alignment": ""}
+    assert labels["sigmoid", "softmax"] == {"alpha-0": unnormalised, "read": "", "alignment": unnormalised}
+    assert labels["softmax", "sigmoid"] == {"alpha-0": "", "read": unnormalised, "alignment": unnormalised}
+
+
+def task_of(*options):
+    """The task config and task fairseq-memattn-plot builds from these task options."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = plot_cli.parse_args(["--user-dir", PLUGIN_DIR, *options, "--path", "unused.pt",
+                                "--example-id", "0", "-o", "unused.png"])
+    cfg = convert_namespace_to_omegaconf(args).task
+    return cfg, tasks.setup_task(cfg)
+
+
+def plot_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "fairseq_memattn.plot" and r.levelname == "WARNING"]
+
+
+def test_other_task_options_warn_by_their_names(caplog):
+    trained, _ = task_of(*TASK)
+    cfg, task = task_of(*TASK[:-1], "30")  # another --copy-test-size: other test examples
+    with caplog.at_level("WARNING", logger="fairseq_memattn.plot"):
+        plot.check_task(cfg, task, trained, "model.pt")
+    assert plot_warnings(caplog) == ["--copy-test-size is 30 here but was 20 when model.pt was trained"]
+
+
+def test_other_dictionaries_are_an_error_naming_both(tmp_path, caplog):
+    """The copy task's data written out and binarized has the same symbols in another order
+    (fairseq-preprocess sorts them by count), so the model would load and plot other tokens."""
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    symbols = [str(s) for s in range(8)][::-1]
+    for side in ("src", "tgt"):
+        (data / f"dict.{side}.txt").write_text("".join(f"{s} 1\n" for s in symbols))
+    trained, _ = task_of(*TASK)
+    cfg, task = task_of("--task", "translation", str(data), "--source-lang", "src", "--target-lang", "tgt")
+    assert len(task.source_dictionary) == 12  # 8 symbols and fairseq's 4 specials, as the copy task's
+    with pytest.raises(plot.PlotError) as error, caplog.at_level("WARNING", logger="fairseq_memattn.plot"):
+        plot.check_task(cfg, task, trained, "model.pt")
+    assert str(error.value) == (
+        f"model.pt was trained with the source dictionary of --task copy_task (12 symbols), not with "
+        f"that of --task translation {data} (12 symbols; symbol 4 is '0' there, '7' here): plot with "
+        f"the task options and data it was trained with")
+    assert "--task is 'translation' here but was 'copy_task' when model.pt was trained" in plot_warnings(caplog)
+    assert not any("---" in message for message in plot_warnings(caplog))
+    plot.check_task(trained, task_of(*TASK)[1], trained, "model.pt")  # the same dictionaries: no error
+
+
+@pytest.mark.slow
+def test_user_dir_naming_another_copy_of_the_package(tmp_path):
+    """From the repository root after a non-editable install, --user-dir fairseq_memattn names
+    the repository's copy while the command runs from site-packages: here a link to the package
+    stands for the other copy."""
+    (tmp_path / "fairseq_memattn").symlink_to(PLUGIN_DIR)
+    result = subprocess.run(
+        [os.path.join(BIN, "fairseq-memattn-plot"), "--user-dir", "fairseq_memattn", *TASK, "--path",
+         "missing.pt", "--example-id", "0", "-o", "x.png"],
+        env=environment(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert "not globally unique" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == \
+        "fairseq-memattn-plot: error: --path: checkpoint not found: missing.pt", result.stderr[-2000:]

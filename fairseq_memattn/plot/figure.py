@@ -1,26 +1,5 @@
-"""Attention figures from trained checkpoints: the paper's Figs. 6-8 (``fairseq-memattn-plot``,
-``fairseq_memattn.cli.plot``, draws them from the command line).
-
-Takes fairseq-generate's options (task and data, --path, --beam, ...), decodes one example of
---gen-subset (or a --sentence) with fairseq's SequenceGenerator and draws, with source tokens on
-the y axis and hypothesis tokens on the x axis:
-
-* the alignment: for memory attention beta x alpha^T, "we multiply the attention scores alpha
-  and beta from the encoder and decoder" (Sec. 5; Figs. 6 and 8 right); for standard attention
-  the attention matrix the model returns while decoding (Eq. 2);
-* for memory attention, its two factors: the write weights alpha (S x K, Eq. 5) of each memory
-  and the read's weights beta (K x T: Eq. 7 for the LSTM and the Transformer's mix read, a
-  head's attention over the K rows, or their mean, for its attention read); which context C_k
-  carries each cell, one colour per k, intensity the combined weight (Figs. 7 and 8 left); and
-  one small panel per k with C_k's share beta_tk * alpha_sk (Eq. 4-7), which sum over k to the
-  alignment.
-
-A transformer_memattn decoder reads the memory in every layer: --layer and --head choose the
-read plotted; by default the one fairseq's alignments use (the last layer, mean over heads).
-
-Several checkpoints (--path a.pt:b.pt:...) are decoded one by one, not as an ensemble, and set
-side by side (Fig. 6's four scoring functions). The file type follows --output's extension.
-"""
+"""The drawing of the attention figures (matplotlib, imported only when drawing): from the
+weights of an :class:`Alignment`, whatever model they were captured from (``capture.py``)."""
 
 import math
 import os
@@ -28,21 +7,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-import torch
-
-from .modules.attention import MemoryAttention, NoAttention
-from .modules.memory import MemoryWrite
-
 
 CELL_INCHES = 0.2  # side of one token's cell in the main panels
 MAIN_PANEL_INCHES = (2.5, 11.0)  # smallest and largest side of a main panel
 CONTEXT_PANEL_INCHES = (1.1, 2.2)
 FACTOR_PANEL_INCHES = (1.0, 3.0)  # K side of the alpha and read panels
 CONTEXT_GRID_COLUMNS = 8
-
-
-class PlotError(Exception):
-    """Bad input found after the command line was parsed (reported argparse style)."""
 
 
 @dataclass
@@ -58,167 +28,13 @@ class Alignment:
     read: Optional[np.ndarray] = None  # K x T: the plotted read's weights over the K rows (Eq. 7)
     read_name: str = ""  # which read is plotted, e.g. "layer 1 (last), mean of 4 heads"
     memory_index: int = 0  # which of ``alphas`` the plotted read reads
+    write_score: str = "softmax"  # the scoring function of alpha (Eq. 5) and of the read (Eq. 7):
+    read_score: str = "softmax"  # with sigmoid the weights are gates, no longer summing to one
 
 
-@dataclass
-class ReadChoice:
-    """--layer and --head: which Transformer read to plot (None: fairseq's alignment)."""
-
-    layer: Optional[int] = None
-    head: Optional[int] = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding
-
-
-def attention_of(model):
-    """The LSTM's attention module, or None for other fairseq models."""
-    return getattr(getattr(model, "encoder", None), "attention", None)
-
-
-def memory_writers(model) -> List[MemoryWrite]:
-    """The modules that write the memories (Eq. 4-5): the LSTM's memory attention, or the
-    Transformer encoder's writers (one, or one per decoder layer); [] for other models."""
-    attention = attention_of(model)
-    if isinstance(attention, MemoryAttention):
-        return [attention.writer]
-    writers = getattr(getattr(model, "encoder", None), "writers", None)
-    return list(writers) if writers is not None else []
-
-
-def is_memory_transformer(model) -> bool:
-    return not isinstance(attention_of(model), MemoryAttention) and bool(memory_writers(model))
-
-
-def describe(model, arch: Optional[str] = None) -> str:
-    """A title for a model: its architecture, its attention and, for memory attention, K and
-    the scores (LSTM) or the read (Transformer)."""
-    name = arch or type(model).__name__
-    attention = attention_of(model)
-    if isinstance(attention, MemoryAttention):
-        return (f"{name}: memory attention K={attention.writer.num_contexts}, "
-                f"{attention.writer.encoder_score}/{attention.read.decoder_score} scores")
-    writers = memory_writers(model)
-    if writers:
-        per_layer = f", {len(writers)} memories (one per layer)" if len(writers) > 1 else ""
-        return (f"{name}: memory K={writers[0].num_contexts}, "
-                f"{model.decoder.layers[0].encoder_attn.name} read{per_layer}")
-    if attention is not None:
-        return f"{name}: " + type(attention).__name__.replace("Attention", " attention").strip().lower()
-    return name
-
-
-def check_has_attention(model, path: str) -> None:
-    if isinstance(attention_of(model), NoAttention):
-        raise PlotError(
-            f"{path}: this model has no attention to plot (--attention-type none, e.g. "
-            f"--arch lstm_noatt); use a checkpoint trained with attention"
-        )
-
-
-def check_read_choice(model, path: str, choice: ReadChoice) -> None:
-    """--layer / --head must name a read the model has (heads are checked once read)."""
-    if choice.layer is None and choice.head is None:
-        return
-    if not is_memory_transformer(model):
-        raise PlotError(f"--layer/--head choose a read of a transformer_memattn decoder layer; "
-                        f"{path} has a single attention ({describe(model)})")
-    layers = len(model.decoder.layers)
-    if choice.layer is not None and not 0 <= choice.layer < layers:
-        raise PlotError(f"--layer {choice.layer} is out of range: {path} has decoder layers "
-                        f"0..{layers - 1}")
-
-
-def teacher_forced_input(model, hypothesis: torch.Tensor) -> torch.Tensor:
-    """The decoder's input for a hypothesis: EOS (fairseq's BOS) then the tokens but the last."""
-    eos = hypothesis.new_full((1,), model.decoder.dictionary.eos())
-    return torch.cat([eos, hypothesis[:-1]]).unsqueeze(0)
-
-
-def capture_inputs(module, store: list, keyword: str):
-    """A forward pre-hook appending the tensor ``module`` is called with (positional or
-    ``keyword``) to ``store``; returns the handle."""
-    def hook(_, args, kwargs):
-        store.append(kwargs[keyword] if keyword in kwargs else args[0])
-    return module.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoice):
-    """(alphas, read, memory index, read name) for one source and its hypothesis.
-
-    One teacher-forced pass of the model (in eval mode the same as incremental decoding) over
-    the hypothesis, with hooks catching what the memories are written from (the input of
-    each W_alpha: the encoder's final states) and what the plotted read is queried with (the
-    LSTM's decoder states on their way into W_beta; the Transformer layer's input to its
-    encoder-attention). The weights are then recomputed from those with the model's own
-    modules: alpha (S x K) and C by the write (Eq. 4-5), the read's weights (T x K) by Eq. 7
-    (LSTM, mix read) or the layer's multi-head attention over the K rows of C.
-    """
-    writers = memory_writers(model)
-    transformer = is_memory_transformer(model)
-    layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
-    # The module the read's query goes into: the layer's read, or the LSTM's W_beta (Eq. 7).
-    queried = model.decoder.layers[layer].encoder_attn if transformer else attention_of(model).read.W_beta
-    states, queries = [[] for _ in writers], []
-    hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
-    hooks.append(capture_inputs(queried, queries, "query" if transformer else "input"))
-    try:
-        encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
-        model.decoder(teacher_forced_input(model, hypothesis), encoder_out)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    written = []
-    for writer, (source_states, *_) in zip(writers, states):
-        no_padding = torch.zeros(source_states.shape[:2], dtype=torch.bool, device=source_states.device)
-        written.append(writer.write(source_states, no_padding))  # (C, alpha): one example, no padding
-    alphas = [alpha[0].float() for _, alpha in written]
-    if not transformer:  # the LSTM's W_beta is called once per decoder step
-        beta = attention_of(model).read.read_weights(torch.cat(queries, dim=1))[0]  # T x K (Eq. 7)
-        return alphas, beta.float(), 0, ""
-    memory_index = layer if len(writers) > 1 else 0  # --memory-per-layer: layer l reads memory l
-    contexts = written[memory_index][0]
-    query = queries[0].transpose(0, 1)  # T x 1 x D -> 1 x T x D
-    _, weights = queried.read(query, queried.project_memory(contexts.to(query.dtype)))  # 1 x H x T x K
-    heads = weights.size(1)
-    if choice.head is not None and not 0 <= choice.head < heads:
-        raise PlotError(f"--head {choice.head} is out of range: layer {layer}'s "
-                        f"{queried.name} read has heads 0..{heads - 1}")
-    last = " (last)" if layer == len(model.decoder.layers) - 1 else ""
-    name = f"layer {layer}{last}"
-    if heads > 1:
-        name += f", mean of {heads} heads" if choice.head is None else f", head {choice.head} of 0..{heads - 1}"
-    chosen = weights[0].mean(dim=0) if choice.head is None else weights[0, choice.head]
-    return alphas, chosen.float(), memory_index, name
-
-
-def decode(model, task, generation_cfg, sample, label: str,
-           choice: Optional[ReadChoice] = None) -> Alignment:
-    """Beam search as fairseq-generate runs it; the best hypothesis and its alignment."""
-    generator = task.build_generator([model], generation_cfg)
-    hypo = task.inference_step(generator, [model], sample)[0][0]
-    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    src_tokens = sample["net_input"]["src_tokens"][0]
-    source = [src_dict[i] for i in src_tokens.tolist()]
-    target = [tgt_dict[i] for i in hypo["tokens"].tolist()]
-    if memory_writers(model):
-        with torch.no_grad():
-            alphas, read, memory_index, read_name = memory_weights(
-                model, sample["net_input"], hypo["tokens"], choice or ReadChoice())
-        alpha = alphas[memory_index]
-        contributions = torch.einsum("sk,tk->kst", alpha, read)  # Sec. 5: beta alpha^T by k
-        return Alignment(label, source, target, weights=contributions.sum(0).cpu().numpy(),
-                         contributions=contributions.cpu().numpy(),
-                         alphas=[a.cpu().numpy() for a in alphas], read=read.T.cpu().numpy(),
-                         read_name=read_name, memory_index=memory_index)
-    if hypo.get("attention") is None or hypo["attention"].numel() == 0:
-        raise PlotError(f"{label}: the model returned no attention while decoding")
-    return Alignment(label, source, target, weights=hypo["attention"].float().cpu().numpy())
-
-
-# ---------------------------------------------------------------------------------------------
-# Drawing
+def score_label(*scores: str) -> str:
+    """A colour bar's label: sigmoid weights are read on another scale than softmax ones."""
+    return "unnormalised (sigmoid scores)" if "sigmoid" in scores else ""
 
 
 def context_colours(num_contexts: int) -> np.ndarray:
@@ -285,7 +101,17 @@ def draw_alignment(fig, ax, alignment: Alignment, max_ticks: int, title: str) ->
     ax.set_gid("alignment")  # found by the tests, and the group's id in SVG output
     label_axes(ax, alignment.source, alignment.target, max_ticks)
     ax.set_title(title, fontsize=8)
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
+    label = score_label(alignment.write_score, alignment.read_score)
+    if not label and weights.min() < 0:
+        label = "unnormalised (can be negative)"
+    add_colorbar(fig, ax, image, label)
+
+
+def add_colorbar(fig, ax, image, label: str) -> None:
+    colorbar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+    colorbar.ax.tick_params(labelsize=6)
+    if label:
+        colorbar.set_label(label, fontsize=6)
 
 
 def draw_dominant_contexts(fig, ax, alignment: Alignment, max_ticks: int, title: str) -> None:
@@ -343,12 +169,12 @@ def alignment_title(alignment: Alignment) -> str:
     return r"alignment $\beta\alpha^\top$" + read
 
 
-def draw_weights(fig, ax, weights: np.ndarray, gid: str, title: str) -> None:
-    """A heat map of weights in [0, 1] (alpha, the read's weights)."""
+def draw_weights(fig, ax, weights: np.ndarray, gid: str, title: str, score: str) -> None:
+    """A heat map of weights in [0, 1] (alpha, the read's weights) of the scoring function ``score``."""
     image = ax.imshow(weights, cmap="Greys", vmin=0.0, aspect="auto", interpolation="nearest")
     ax.set_gid(gid)
     ax.set_title(title, fontsize=8)
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
+    add_colorbar(fig, ax, image, score_label(score))
 
 
 def draw_single_memory(alignment: Alignment, max_ticks: int):
@@ -376,12 +202,13 @@ def draw_single_memory(alignment: Alignment, max_ticks: int):
         ax = top.add_subplot(grid[1, m])
         which = f", memory {m}" if num_memories > 1 else ""
         plotted = " (read)" if num_memories > 1 and m == alignment.memory_index else ""
-        draw_weights(top, ax, alpha, f"alpha-{m}", rf"write $\alpha${which}{plotted}")
+        draw_weights(top, ax, alpha, f"alpha-{m}", rf"write $\alpha${which}{plotted}",
+                     alignment.write_score)
         label_axis(ax, "x", contexts, "context k", max_ticks)
         label_axis(ax, "y", alignment.source, "source tokens" if m == 0 else "", max_ticks)
     ax = top.add_subplot(grid[0, num_memories])
     read_name = f": {alignment.read_name}" if alignment.read_name else ""
-    draw_weights(top, ax, alignment.read, "read", rf"read $\beta${read_name}")
+    draw_weights(top, ax, alignment.read, "read", rf"read $\beta${read_name}", alignment.read_score)
     label_axis(ax, "y", contexts, "context k", max_ticks)
     ax.set_xticks([])
     draw_alignment(top, top.add_subplot(grid[1, num_memories]), alignment, max_ticks,
@@ -439,10 +266,3 @@ def save(fig, path: str, dpi: int) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-
-if __name__ == "__main__":
-    from .cli.plot import main
-
-    main(prog="python -m fairseq_memattn.plot")
