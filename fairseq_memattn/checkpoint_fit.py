@@ -1,7 +1,7 @@
-"""A checkpoint that does not fit the model built for it, said by option.
+"""A checkpoint that does not fit the model built for it, said by option, for both model families.
 
 A checkpoint records the options that shape its parameters only as tensor
-shapes; reading them back (``lstm_memattn.shape_options``,
+shapes; reading them back (:func:`lstm_shape_options`,
 :func:`transformer_shape_options`) lets a misfit be reported as "checkpoint has
 memory_k=4 but the model was built with memory_k=8" and not as torch's list of
 tensor shapes, with the fix that applies where the model's options came from:
@@ -9,9 +9,15 @@ the command line in fairseq-train, the checkpoint's saved options and
 --model-overrides in fairseq-generate, -interactive and the hub.
 """
 
+import argparse
+import dataclasses
 import re
 import sys
 from typing import Dict, Tuple
+
+from .errors import UserError
+from .modules.attention import ATTENTION_TYPES, build_attention
+from .modules.memory import MemoryConfig
 
 
 def _count(state, prefix: str) -> int:
@@ -19,23 +25,83 @@ def _count(state, prefix: str) -> int:
     return len({m.group(1) for name in state for m in [re.match(rf"{re.escape(prefix)}\.(\d+)\.", name)] if m})
 
 
+def _dim(state, name: str, axis: int):
+    return state[name].shape[axis] if name in state else None
+
+
+def _attention_type(parameter_names, has_context) -> str:
+    """The LSTM's --attention-type values whose attention has exactly these parameters
+    and gives the output layer a context (has_context) or not; "dot/scaled_dot"
+    have the same (no) parameters, so they cannot be told apart."""
+    memory = {"memory_" + f.name: f.default for f in dataclasses.fields(MemoryConfig)}
+
+    def fits(kind):
+        args = argparse.Namespace(attention_type=kind, attention_dim=None, **{**memory, "memory_k": 2})
+        attention = build_attention(args, 2, 2)
+        # window_log_width is an option of memory attention, read by lstm_shape_options.
+        return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"writer.window_log_width"})
+                and has_context in (None, attention.context_dim > 0))
+
+    return "/".join(kind for kind in ATTENTION_TYPES if fits(kind))
+
+
+def lstm_shape_options(state) -> Dict[str, object]:
+    """lstm_memattn's options that decide parameter shapes, read back from a state dict."""
+    attention = "encoder.attention."
+    embed_dim = _dim(state, "decoder.embed_tokens.weight", 1)
+    lstm_input = _dim(state, "decoder.lstm.weight_ih_l0", 1)
+    hidden_size = _dim(state, "decoder.lstm.weight_hh_l0", 1)
+    # Eq. 3: the output layer (or the attention mix before it) reads [h_i; c_i], so it is wider
+    # than h_i by the context.
+    mix = "decoder.attention_mix.weight" in state
+    output_input = _dim(state, "decoder.attention_mix.weight" if mix else "decoder.output_projection.weight", 1)
+    has_context = None if None in (hidden_size, output_input) else output_input > hidden_size
+    return {
+        "attention_type": _attention_type(
+            [name[len(attention):] for name in state if name.startswith(attention)], has_context),
+        "memory_k": _dim(state, attention + "writer.W_alpha.weight", 0),
+        "memory_position_window": (attention + "writer.window_log_width" in state
+                                   if attention + "writer.W_alpha.weight" in state else None),
+        "attention_dim": _dim(state, attention + "v.weight", 1),
+        "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
+        "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),
+        "encoder_layers": _lstm_layers(state, "encoder.lstm"),
+        "decoder_embed_dim": embed_dim,
+        "decoder_hidden_size": hidden_size,
+        "decoder_layers": _lstm_layers(state, "decoder.lstm"),
+        # The previous context is concatenated to the decoder's embeddings.
+        "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
+        "attention_mix": mix,
+        "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
+        "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
+    }
+
+
+def _lstm_layers(state, lstm: str) -> int:
+    return sum(bool(re.fullmatch(rf"{lstm}\.weight_hh_l\d+", name)) for name in state)
+
+
+def check_lstm_fits(checkpoint_state, model_state) -> None:
+    """lstm_memattn: fail with the options that differ, instead of torch's tensor shapes."""
+    differences = differing(lstm_shape_options(checkpoint_state), lstm_shape_options(model_state))
+    if differences:
+        raise checkpoint_misfit(differences)
+
+
 def transformer_shape_options(state) -> Dict[str, object]:
     """transformer_memattn's options that decide parameter shapes, read back from a state dict."""
-    def dim(name, axis):
-        return state[name].shape[axis] if name in state else None
-
     writers = _count(state, "encoder.writers")
     return {
-        "memory_k": dim("encoder.writers.0.W_alpha.weight", 0),
+        "memory_k": _dim(state, "encoder.writers.0.W_alpha.weight", 0),
         "memory_position_window": "encoder.writers.0.window_log_width" in state if writers else None,
         "memory_per_layer": writers > 1 if writers else None,
         "memory_read": "mix" if any(".encoder_attn.W_beta." in name for name in state) else "attention",
-        "encoder_embed_dim": dim("encoder.embed_tokens.weight", 1),
-        "decoder_embed_dim": dim("decoder.embed_tokens.weight", 1),
+        "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
+        "decoder_embed_dim": _dim(state, "decoder.embed_tokens.weight", 1),
         "encoder_layers": _count(state, "encoder.layers"),
         "decoder_layers": _count(state, "decoder.layers"),
-        "source vocabulary size": dim("encoder.embed_tokens.weight", 0),
-        "target vocabulary size": dim("decoder.embed_tokens.weight", 0),
+        "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
+        "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
     }
 
 
@@ -81,7 +147,7 @@ def as_option(name: str, value) -> str:
     return f"{flag} {str(value).replace('/', ' or ')}"
 
 
-def checkpoint_misfit(differences: Dict[str, Tuple[object, object]], frame=None) -> ValueError:
+def checkpoint_misfit(differences: Dict[str, Tuple[object, object]], frame=None) -> UserError:
     """The error for a checkpoint whose weights do not fit the model built for it: each
     option that differs with both values ({name: (checkpoint's, model's)}), and how to make
     them fit where the model's options came from in this process (``loading_context`` of
@@ -109,4 +175,4 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]], frame=None)
     else:
         fix = f"build the model with {fit}"
     where = f"{path} " if path else "the checkpoint "
-    return ValueError(f"{where}does not fit the model: {found}; {fix}")
+    return UserError(f"{where}does not fit the model: {found}; {fix}")

@@ -108,6 +108,21 @@ def test_export_command_rejects_bad_values(tmp_path):
         "copy_task.py: error: argument --copy-vocab-size: invalid value 0 (must be an integer >= 1)")
 
 
+@pytest.mark.slow
+def test_export_command_runs_without_warnings(tmp_path):
+    """The package imports the task before python -m runs the command, which runpy warns about
+    when the command is the task's own module."""
+    result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "fairseq_memattn.tasks.copy_task",
+                             "--out-dir", str(tmp_path), "--copy-max-len", "3", "--copy-train-size", "5",
+                             "--copy-valid-size", "2", "--copy-test-size", "2"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Warning" not in result.stderr, result.stderr[-2000:]
+    assert result.stdout == f"wrote train, valid, test to {tmp_path}\n"
+    assert sorted(os.listdir(tmp_path)) == [f"{split}.{side}" for split in ("test", "train", "valid")
+                                            for side in ("src", "tgt")]
+
+
 def test_scoring_counts_length_zero_examples():
     lines = ["S-0\t", "T-0\t", "H-0\t-0.01\t", "S-1\t1 2 3", "T-1\t1 2 3", "H-1\t-0.2\t1 2 3",
              "S-2\t4 5", "T-2\t4 5", "H-2\t-0.3\t4", "D-2\t-0.3\t4"]

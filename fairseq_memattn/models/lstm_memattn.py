@@ -7,10 +7,7 @@ is shared by both halves: the encoder builds its memory once per source, the
 decoder looks it up at every step.
 """
 
-import argparse
 import logging
-import re
-from typing import Dict
 
 import torch
 from fairseq.models import (
@@ -23,10 +20,11 @@ from fairseq.models import (
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..errors import UserError
 from ..hub import MemAttnHubModel
 from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
-from ..checkpoint_fit import checkpoint_misfit, differing
+from ..checkpoint_fit import check_lstm_fits
 from .memory_options import (add_memory_args, fill_position_max_len, memory_defaults,
                              positive_int, probability_below_one)
 
@@ -283,7 +281,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         if need_attn and self.attention.context_dim == 0:
-            raise ValueError(NO_ALIGNMENT)
+            raise UserError(NO_ALIGNMENT)
         # fairseq passes print_alignment itself, None when it is not given: that is a "no".
         self.need_attn = bool(need_attn)
 
@@ -362,80 +360,14 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         on the alignment it does not have. Ours come from decoding, as fairseq's
         LSTM's do."""
         if self.decoder.attention.context_dim == 0:
-            raise ValueError(NO_ALIGNMENT)
+            raise UserError(NO_ALIGNMENT)
         return False
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         self.upgrade_state_dict(state_dict)  # older parameter names, before they are compared
         if strict:
-            check_checkpoint_fits(state_dict, self.state_dict())
+            check_lstm_fits(state_dict, self.state_dict())
         return super().load_state_dict(state_dict, strict, model_cfg, args)
-
-
-def _dim(state, name, dim):
-    return state[name].shape[dim] if name in state else None
-
-
-def _num_layers(state, lstm):
-    return sum(bool(re.fullmatch(rf"{lstm}\.weight_hh_l\d+", name)) for name in state)
-
-
-def _attention_type(parameter_names, has_context) -> str:
-    """The --attention-type values whose attention has exactly these parameters
-    and gives the output layer a context (has_context) or not; "dot/scaled_dot"
-    have the same (no) parameters, so they cannot be told apart."""
-    def fits(kind):
-        args = argparse.Namespace(attention_type=kind)
-        base_architecture(args)
-        attention = build_attention(args, 2, 2)
-        # window_log_width is an option of memory attention, read by shape_options.
-        return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"writer.window_log_width"})
-                and has_context in (None, attention.context_dim > 0))
-
-    return "/".join(kind for kind in ATTENTION_TYPES if fits(kind))
-
-
-def shape_options(state: Dict[str, Tensor]) -> Dict[str, object]:
-    """The options that decide parameter shapes, read back from a state dict.
-
-    A checkpoint records them only as tensor shapes; reading them back lets a
-    checkpoint that does not fit the model be reported by option, not by shape.
-    """
-    attention = "encoder.attention."
-    embed_dim = _dim(state, "decoder.embed_tokens.weight", 1)
-    lstm_input = _dim(state, "decoder.lstm.weight_ih_l0", 1)
-    hidden_size = _dim(state, "decoder.lstm.weight_hh_l0", 1)
-    # Eq. 3: the output layer (or the attention mix before it) reads [h_i; c_i], so it is wider
-    # than h_i by the context.
-    mix = "decoder.attention_mix.weight" in state
-    output_input = _dim(state, "decoder.attention_mix.weight" if mix else "decoder.output_projection.weight", 1)
-    has_context = None if None in (hidden_size, output_input) else output_input > hidden_size
-    return {
-        "attention_type": _attention_type(
-            [name[len(attention):] for name in state if name.startswith(attention)], has_context),
-        "memory_k": _dim(state, attention + "writer.W_alpha.weight", 0),
-        "memory_position_window": (attention + "writer.window_log_width" in state
-                                   if attention + "writer.W_alpha.weight" in state else None),
-        "attention_dim": _dim(state, attention + "v.weight", 1),
-        "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
-        "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),
-        "encoder_layers": _num_layers(state, "encoder.lstm"),
-        "decoder_embed_dim": embed_dim,
-        "decoder_hidden_size": hidden_size,
-        "decoder_layers": _num_layers(state, "decoder.lstm"),
-        # The previous context is concatenated to the decoder's embeddings.
-        "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
-        "attention_mix": mix,
-        "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
-        "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
-    }
-
-
-def check_checkpoint_fits(checkpoint_state, model_state) -> None:
-    """Fail with the options that differ, instead of torch's tensor shapes."""
-    differences = differing(shape_options(checkpoint_state), shape_options(model_state))
-    if differences:
-        raise checkpoint_misfit(differences)
 
 
 def check_sizes(args):
@@ -444,9 +376,9 @@ def check_sizes(args):
                  "max_source_positions", "max_target_positions"):  # the memory's: MemoryConfig
         value = getattr(args, name)
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
+            raise UserError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
     if not 0.0 <= args.dropout < 1.0:
-        raise ValueError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
+        raise UserError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
 
 
 @register_model_architecture("memattn_lstm", "lstm_memattn")

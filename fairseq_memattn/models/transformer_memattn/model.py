@@ -16,6 +16,7 @@ from fairseq.models.transformer import transformer_iwslt_de_en
 from omegaconf import DictConfig, open_dict
 
 from ...checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
+from ...errors import UserError
 from ...hub import MemAttnHubModel
 from ...modules.memory_reads import READS
 from ...modules.numerics import check_choice
@@ -146,10 +147,10 @@ def check_memory_options(args):
     """Clear errors, naming the value, for options the model cannot honour."""
     check_choice("--memory-read", args.memory_read, READ_MODES)  # the memory's own: MemoryConfig
     if args.cross_self_attention:
-        raise ValueError("--cross-self-attention attends to the encoder states at every step; "
+        raise UserError("--cross-self-attention attends to the encoder states at every step; "
                          "memory attention reads only the K memory rows, so it cannot be combined")
     if args.no_cross_attention:
-        raise ValueError("--no-cross-attention removes the decoder's only access to the source "
+        raise UserError("--no-cross-attention removes the decoder's only access to the source "
                          "memory; use fairseq's own transformer for that")
 
 

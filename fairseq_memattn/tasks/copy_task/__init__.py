@@ -6,13 +6,13 @@ uniformly from 0 to ``--copy-max-len`` (0 included), the target equal to the
 source (or reversed with ``--copy-reverse``). Every split is a pure function of
 ``--copy-seed`` and the split's name, so fairseq-validate and fairseq-generate
 see exactly the examples training saw, in any process. ``export_copy_data``
-writes the same examples as parallel text for fairseq-preprocess.
+writes the same examples as parallel text for fairseq-preprocess
+(``python -m fairseq_memattn.tasks.copy_task``, ``__main__.py``).
 
 Decode with ``--min-len 0``: about 1 example in L+1 is empty, and fairseq's
 default ``--min-len 1`` forbids the empty hypothesis (the task warns then).
 """
 
-import argparse
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,7 +25,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import FairseqTask, register_task
 
-from ..models.memory_options import integer_at_least
+from ...errors import UserError
+from ...models.memory_options import integer_at_least
 
 SPLITS = ("train", "valid", "test")
 logger = logging.getLogger(__name__)
@@ -78,13 +79,13 @@ def check_config(cfg) -> None:
         if size < 1:
             problems.append(f"--copy-{split}-size: {size} (must be >= 1)")
     if problems:
-        raise ValueError("invalid " + "; invalid ".join(problems))
+        raise UserError("invalid " + "; invalid ".join(problems))
 
 
 def _draw_lengths(cfg, split: str):
     """The random generator of ``split`` and the source lengths it draws first."""
     if split not in SPLITS:
-        raise ValueError(f"copy_task has no split {split!r} (choose from {', '.join(SPLITS)})")
+        raise UserError(f"copy_task has no split {split!r} (choose from {', '.join(SPLITS)})")
     rng = np.random.default_rng([cfg.copy_seed, SPLITS.index(split)])
     return rng, rng.integers(0, cfg.copy_max_len + 1, size=getattr(cfg, f"copy_{split}_size"))
 
@@ -183,26 +184,3 @@ def export_copy_data(cfg, out_dir: str, splits=SPLITS) -> None:
         for side, rows in (("src", sources), ("tgt", [copy_target(cfg, s) for s in sources])):
             with open(os.path.join(out_dir, f"{split}.{side}"), "w", encoding="utf-8") as f:
                 f.writelines(" ".join(row) + "\n" for row in rows)
-
-
-def main(argv=None):
-    """python -m fairseq_memattn.tasks.copy_task --out-dir DIR [--copy-* options]"""
-    parser = argparse.ArgumentParser(
-        description="Write the copy task's splits as parallel text for fairseq-preprocess "
-                    "(the same examples --task copy_task generates with the same options)."
-    )
-    parser.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{src,tgt}")
-    add_copy_task_args(parser)
-    args = parser.parse_args(argv)
-    cfg = CopyTaskConfig(**{k: v for k, v in vars(args).items() if k in CopyTaskConfig.__dataclass_fields__})
-    try:
-        export_copy_data(cfg, args.out_dir)
-    except ValueError as error:
-        parser.error(str(error))
-    except OSError as error:
-        parser.error(f"--out-dir {args.out_dir}: {error.strerror}")
-    print(f"wrote {', '.join(SPLITS)} to {args.out_dir}")
-
-
-if __name__ == "__main__":
-    main()
