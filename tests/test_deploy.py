@@ -1,8 +1,9 @@
 """The translator's runtime without torch or fairseq, its command line (streaming, skipped lines,
-one-line errors for a broken model folder) and its HTTP server (dynamic batching, 400/413/503),
-on the tiny models test_export.py trains. Skipped without onnxruntime; the server's tests without
-aiohttp (the optional extras ``deploy`` and ``serve``)."""
+one-line errors for a broken model folder, exit statuses, input quirks); the HTTP server:
+test_deploy_server.py. On the tiny models test_export.py trains; skipped without onnxruntime
+(the optional extra ``deploy``)."""
 
+import importlib
 import json
 import os
 import queue
@@ -252,201 +253,132 @@ def test_cli_names_the_broken_file_in_one_line(trained, tmp_path):
         assert result.returncode == 2 and last.startswith(f"{PROG}: error: ") and message in last, result.stderr
 
 
-# --- the server --------------------------------------------------------------------------
+def serve_command(*args):
+    return [sys.executable, "-c", WITHOUT_TORCH + """
+from fairseq_memattn.cli.serve import main
+sys.exit(main())
+""", *map(str, args)]
 
 
-def post(url, body, raw=None):
-    """(status, JSON answer) of POST /translate."""
-    data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}/translate", data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
+def swap_graphs(folder):
+    (folder / "encoder.onnx").rename(folder / "swap.onnx")
+    (folder / "decoder.onnx").rename(folder / "encoder.onnx")
+    (folder / "swap.onnx").rename(folder / "decoder.onnx")
 
 
-@pytest.fixture
-def server(trained):
-    """Start a server on 127.0.0.1 (an ephemeral port) over the attention model's translator;
-    ``start(**make_app options)`` returns (url, app, translator)."""
-    pytest.importorskip("aiohttp", reason="the server needs the optional extra 'serve' (aiohttp)")
-    from fairseq_memattn.deploy.serve import BackgroundServer, make_app
+def append(name, text):
+    def change(folder):
+        with open(folder / name, "a") as f:
+            f.write(text)
+    return change
 
+
+@pytest.mark.slow
+def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
+    """Checked whole when the Translator loads: the CLI and the server end on one line, status 2,
+    before the first sentence (the server before it listens)."""
     _, folder = trained("attention")
-    running = []
-
-    def start(translator=None, **settings):
-        translator = translator or Translator(str(folder), threads=1)
-        codec = TextCodec(translator.src_dict, translator.tgt_dict)
-        options = dict(lenpen=1.0, max_len_a=1.0, max_len_b=2, min_len=1, unk_penalty=0.0, normalize_scores=True)
-        app = make_app(translator, codec, options, **settings)
-        running.append(BackgroundServer(app))
-        return running[-1].url, app, translator
-
-    yield start
-    for background in running:
-        background.close()
-
-
-class Recording(Translator):
-    """A Translator that records the sources of each translate_ids call."""
-
-    calls: list
-
-    def translate_ids(self, sources, **options):
-        self.calls.append(len(sources))
-        return super().translate_ids(sources, **options)
-
-
-@pytest.mark.slow
-def test_server_answers_concurrent_clients_as_the_translator_does(server, trained):
-    translator = Recording(str(trained("attention")[1]), threads=1)
-    translator.calls = []
-    url, _, _ = server(translator, window=0.05)
-    requests = [{"text": [" ".join(str((i * 7 + j) % 10) for j in range(i % 6 + 1)) for i in range(n, n + 1 + n % 3)],
-                 "beam": 2 + n % 3, "nbest": 1 + n % 2, "alignment": n % 4 == 0} for n in range(24)]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda body: post(url, body), requests))
-    assert max(translator.calls) > 3  # requests were decoded together
-    options = dict(max_len_a=1.0, max_len_b=2)
-    for body, (status, answer) in zip(requests, answers):
-        assert status == 200, answer
-        assert len(answer["results"]) == len(body["text"])
-        for line, hypotheses in zip(body["text"], answer["results"]):
-            expected = Translator.translate_ids(translator, [translator.src_dict.encode(line)], beam=body["beam"],
-                                                alignment=body["alignment"], **options)[0][: body["nbest"]]
-            assert [h["pieces"] for h in hypotheses] == [translator.tgt_dict.string(h["tokens"]) for h in expected]
-            assert [h["score"] for h in hypotheses] == pytest.approx([h["score"] for h in expected], abs=1e-5)
-            if body["alignment"]:
-                assert [h["alignment"] for h in hypotheses] == [[list(p) for p in h["alignment"]] for h in expected]
-    with urllib.request.urlopen(f"{url}/health") as response:
-        assert json.load(response) == {"status": "ok"}
-    with urllib.request.urlopen(f"{url}/info") as response:
-        assert json.load(response)["config"] == translator.config
+    cases = {
+        "target-dictionary": (append("dict.target.txt", "extra 1\n"),
+                              "dict.target.txt: 15 symbols (the four special ones included), but"),
+        "source-dictionary": (append("dict.source.txt", "extra 1\nmore 1\n"),
+                              "dict.source.txt: 16 symbols (the four special ones included), more than the "
+                              "encoder's embedding has"),
+        "garbage-dictionary": (lambda f: (f / "dict.source.txt").write_text("hello\nworld\n"),
+                               "dict.source.txt: line 1: expected '<symbol> <count>'"),
+        "duplicate-symbol": (append("dict.target.txt", "3 1\n"), "dict.target.txt: line 11: duplicate symbol '3'"),
+        "swapped-graphs": (swap_graphs, "encoder.onnx: no input 'src_tokens' (its inputs: prev_tokens, step"),
+        "eos-outside": (edit_config(eos=14), "config.json: eos is 14, outside dict.target.txt's 14 symbols (0..13)"),
+        "pad-type": (edit_config(source_pad="1"), "config.json: source_pad is '1', expected an integer >= 0"),
+    }
+    for name, (change, message) in cases.items():
+        broken = break_folder(folder, tmp_path / name, change)
+        for command, prog in ((translate_command(broken), PROG),
+                              (serve_command(broken, "--port", "0"), "fairseq-memattn-serve")):
+            result = subprocess.run(command, input="3 1\n", env=clean_env(), cwd=REPO, capture_output=True,
+                                    text=True, timeout=120)
+            last = result.stderr.strip().splitlines()[-1]
+            assert result.returncode == 2 and last.startswith(f"{prog}: error: ") and message in last, \
+                (name, prog, result.stderr)
+            assert "Traceback" not in result.stderr and "Running on" not in result.stderr, (name, result.stderr)
 
 
 @pytest.mark.slow
-def test_server_refuses_bad_requests_and_keeps_serving(server):
-    url, _, _ = server(max_tokens=16, max_sentences=4, max_beam=8)
-    bad = [({"text": "3 1"}, 400, "text: expected a list of strings"),
-           ({"text": ["3 1"], "beam": 0}, 400, "beam: 0 is outside 1..8"),
-           ({"text": ["3 1"], "beam": 9}, 400, "beam: 9 is outside 1..8"),
-           ({"text": ["3 1"], "beam": 2, "nbest": 3}, 400, "nbest: 3 is outside 1..2"),
-           ({"text": ["3 1"], "alignment": "yes"}, 400, "alignment: expected a boolean"),
-           ({"text": ["3 1"], "beam": True}, 400, "beam: expected an integer"),
-           ({"text": ["3 1"], "lenpen": 2}, 400, "unknown field(s): lenpen"),
-           ([1, 2], 400, "expected a JSON object"),
-           ({"text": ["3 1", " ".join(["1"] * 16)]}, 413, "text[1]: 17 tokens (EOS included), more than --max-tokens 16"),
-           ({"text": ["3"] * 5}, 413, "text: 5 sentences, more than the server's 4 per request")]
-    for body, status, message in bad:
-        got, answer = post(url, body)
-        assert (got, answer["error"][: len(message)]) == (status, message), (body, answer)
-    got, answer = post(url, None, raw=json.dumps({"text": ["3 1 " * 300_000]}).encode())
-    assert got == 413 and answer["error"].startswith("the body is larger than the server's"), answer
-    got, answer = post(url, None, raw=b"{not json")
-    assert got == 400 and answer["error"].startswith("the body is not JSON")
-    assert post(url, {"text": []}) == (200, {"results": []})
-    status, answer = post(url, {"text": ["3 1"]})
-    assert status == 200 and len(answer["results"][0]) == 1
-
-
-class Gated(Translator):
-    """A Translator whose decoding waits for ``gate``; ``decoding`` counts the calls under way,
-    ``most`` the most at once."""
-
-    def __init__(self, folder):
-        super().__init__(folder, threads=1)
-        self.gate, self.lock, self.decoding, self.most = threading.Event(), threading.Lock(), 0, 0
-
-    def translate_ids(self, sources, **options):
-        with self.lock:
-            self.decoding += 1
-            self.most = max(self.most, self.decoding)
+def test_ctrl_c_at_start_up_exits_130_quietly(trained, tmp_path):
+    _, folder = trained("attention")
+    slow = break_folder(folder, tmp_path / "fifo", lambda f: (f / "dict.source.txt").unlink())
+    os.mkfifo(slow / "dict.source.txt")  # the translator's load waits on it
+    process = subprocess.Popen(translate_command(slow), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True)
+    deadline = time.monotonic() + 120
+    while True:  # a write end opens once the translator has the dictionary open
         try:
-            assert self.gate.wait(timeout=120)
-            return super().translate_ids(sources, **options)
-        finally:
-            with self.lock:
-                self.decoding -= 1
-
-    def until_decoding(self, calls: int) -> None:
-        deadline = time.monotonic() + 60
-        while self.decoding < calls:
-            assert time.monotonic() < deadline, self.decoding
-            time.sleep(0.01)
-
-
-@pytest.mark.slow
-def test_a_full_queue_gets_503_at_once(server, trained):
-    translator = Gated(str(trained("attention")[1]))
-    from fairseq_memattn.deploy.serve import BATCHER
-
-    url, app, _ = server(translator, window=0, queue_size=1)
-    with ThreadPoolExecutor(2) as pool:
-        decoding = pool.submit(post, url, {"text": ["3 1"]})
-        translator.until_decoding(1)
-        waiting = pool.submit(post, url, {"text": ["4 5 6"]})
-        deadline = time.monotonic() + 60
-        while app[BATCHER].queue.qsize() < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        start = time.monotonic()
-        status, answer = post(url, {"text": ["7"]})
-        assert status == 503 and "busy" in answer["error"] and time.monotonic() - start < 5
-        translator.gate.set()
-        assert decoding.result()[0] == 200 and waiting.result()[0] == 200
-    assert waiting.result()[1]["results"][0][0]["pieces"] == \
-        alone(Translator(str(trained("attention")[1])), "4 5 6", beam=5, max_len_a=1.0, max_len_b=2)[0][0]
+            writer = os.open(slow / "dict.source.txt", os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+            time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    try:
+        assert process.wait(timeout=60) == 130
+    finally:
+        os.close(writer)
+    stdout, stderr = process.communicate()
+    assert stdout == "" and stderr == "", stderr
 
 
 @pytest.mark.slow
-def test_server_workers_decode_batches_at_once(server, trained):
-    folder = str(trained("attention")[1])
-    translator = Gated(folder)
-    url, _, _ = server(translator, window=0.05, workers=2)
-    lines = ["3 1", "4 5 6", "7 2 9 8", "1", "6 6 2", "5 0 3 8 1"]
-    with ThreadPoolExecutor(len(lines)) as pool:
-        answers = [pool.submit(post, url, {"text": [line]}) for line in lines]
-        translator.until_decoding(2)  # both workers hold a batch before either may decode
-        translator.gate.set()
-        answers = [answer.result() for answer in answers]
-    assert translator.most == 2
-    reference = Translator(folder)
-    for line, (status, answer) in zip(lines, answers):
-        assert status == 200, answer
-        assert answer["results"][0][0]["pieces"] == alone(reference, line, beam=5, max_len_a=1.0, max_len_b=2)[0][0]
-
-
-def test_serve_options_split_the_cores_among_workers(capsys):
-    pytest.importorskip("aiohttp", reason="the server needs the optional extra 'serve' (aiohttp)")
-    from fairseq_memattn.cli.serve import parse_args
-
-    assert parse_args(["model", "--workers", "2"])[1].threads == max(1, (os.cpu_count() or 1) // 2)
-    assert parse_args(["model", "--workers", "2", "--threads", "3"])[1].threads == 3
-    assert parse_args(["model"])[1].threads is None  # ONNX Runtime's default
-    with pytest.raises(SystemExit):
-        parse_args(["model", "--workers", "0"])
-    assert "invalid --workers: 0 (must be >= 1)" in capsys.readouterr().err
-
-
-class Failing(Translator):
-    """A Translator whose decoding fails on a batch with source token ``poison``."""
-
-    def translate_ids(self, sources, **options):
-        if any(self.poison in source for source in sources):
-            raise RuntimeError("the engine gave up")
-        return super().translate_ids(sources, **options)
+def test_a_closed_standard_output_ends_quietly(trained):
+    """``fairseq-memattn-translate ... | head -1``: status 141, no BrokenPipeError."""
+    _, folder = trained("attention")
+    process = subprocess.Popen(translate_command(folder, "--plain"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO)
+    process.stdin.write(b"3 1\n" * 200)
+    process.stdin.close()
+    assert process.stdout.readline().strip()
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""
 
 
 @pytest.mark.slow
-def test_a_failed_decoding_gets_500_and_the_server_goes_on(server, trained, caplog):
-    translator = Failing(str(trained("attention")[1]), threads=1)
-    translator.poison = translator.src_dict.encode("9")[0]
-    url, _, _ = server(translator, window=0)
-    with caplog.at_level("ERROR", logger="fairseq_memattn.deploy.serve"):
-        assert post(url, {"text": ["3 9 1"]}) == (500, {"error": "decoding failed: the engine gave up"})
-    assert "RuntimeError: the engine gave up" in caplog.text  # the traceback, for whoever runs the server
-    status, answer = post(url, {"text": ["3 1"]})
-    assert status == 200 and answer["results"][0][0]["pieces"] == \
-        alone(translator, "3 1", beam=5, max_len_a=1.0, max_len_b=2)[0][0]
+def test_a_bom_and_cr_or_crlf_line_ends_are_read_as_lines(trained):
+    _, folder = trained("attention")
+    result = subprocess.run(translate_command(folder, "--buffer-size", "4"), env=clean_env(), cwd=REPO,
+                            capture_output=True, timeout=120, input=b"\xef\xbb\xbf3 1\r4 5 6\r\n7\r\r\n8 9")
+    assert result.returncode == 0, result.stderr
+    sources = [line for line in result.stdout.decode().splitlines() if line.startswith("S-")]
+    assert sources == ["S-0\t3 1", "S-1\t4 5 6", "S-2\t7", "S-3\t", "S-4\t8 9"]
+
+
+@pytest.mark.parametrize("tool, args, message", [
+    ("translate", ["--lenpen", "nan"], "invalid --lenpen: nan (must be a finite number)"),
+    ("translate", ["--unkpen", "inf"], "invalid --unkpen: inf (must be a finite number)"),
+    ("translate", ["--max-len-a", "-0.5"], "invalid --max-len-a: -0.5 (must be >= 0)"),
+    ("translate", ["--max-len-a", "inf"], "invalid --max-len-a: inf (must be a finite number)"),
+    ("translate", ["--max-len-b", "-1"], "invalid --max-len-b: -1 (must be >= 0)"),
+    ("translate", ["--beam", "0"], "invalid --beam: 0 (must be >= 1)"),
+    ("translate", ["--threads", "0"], "invalid --threads: 0 (must be between 1 and "),
+    ("translate", ["--threads", "100000"], "invalid --threads: 100000 (must be between 1 and "),
+    ("translate", ["--workers", "0"], "invalid --workers: 0 (must be >= 1)"),
+    ("translate", ["--max-tokens", "0"], "invalid --max-tokens: 0 (must be >= 1)"),
+    ("translate", ["--buffer-size", "0"], "invalid --buffer-size: 0 (must be >= 1)"),
+    ("translate", ["--batch-size", "0"], "invalid --batch-size: 0 (must be >= 1)"),
+    ("serve", ["--lenpen=-inf"], "invalid --lenpen: -inf (must be a finite number)"),
+    ("serve", ["--max-len-a", "nan"], "invalid --max-len-a: nan (must be a finite number)"),
+    ("serve", ["--threads", "100000"], "invalid --threads: 100000 (must be between 1 and "),
+    ("serve", ["--batch-window-ms", "nan"], "invalid --batch-window-ms: nan (must be a finite number)"),
+    ("serve", ["--batch-window-ms", "-1"], "invalid --batch-window-ms: -1.0 (must be >= 0)"),
+    ("serve", ["--timeout-s", "0"], "invalid --timeout-s: 0.0 (must be >= 0.001)"),
+    ("serve", ["--idle-timeout-s", "inf"], "invalid --idle-timeout-s: inf (must be a finite number)"),
+    ("serve", ["--port", "65536"], "invalid --port: 65536 (must be between 0 and 65535)"),
+    ("serve", ["--queue-size", "0"], "invalid --queue-size: 0 (must be >= 1)"),
+])
+def test_options_are_range_checked_at_parse_time(tool, args, message, capsys):
+    """The translator's and the server's options (the shared ones in both): one argparse line, status 2."""
+    if tool == "serve":
+        pytest.importorskip("aiohttp", reason="the server needs the optional extra 'serve' (aiohttp)")
+    parse_args = importlib.import_module(f"fairseq_memattn.cli.{tool}").parse_args
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["model", *args])
+    assert exit.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]

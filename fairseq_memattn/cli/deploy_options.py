@@ -1,18 +1,18 @@
 """Command-line options shared by the translator and the server: the model, its text processing
-and the search; errors a user can fix end on one argparse line."""
+and the search, range-checked at parse time; errors a user can fix end on one argparse line."""
 
 import argparse
+import math
 import os
 
-from ..deploy.text import TextCodec
-from ..deploy.translator import MAX_TOKENS, Translator
+from ..deploy.batching import MAX_TOKENS
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a folder written by fairseq-memattn-export")
     p.add_argument("--bpe", choices=["sentencepiece"], help="default: sentencepiece if the folder has spm.model")
     p.add_argument("--sentencepiece-model", help="default: the folder's spm.model")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads per batch")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads per batch (1 to 4 x the cores)")
     p.add_argument("--workers", type=int, default=1,
                    help="batches decoded at once, each on --threads threads (default 1; with W workers "
                         "--threads defaults to the cores / W)")
@@ -31,19 +31,34 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
                    help=f"padded source tokens per batch (default {MAX_TOKENS}); a longer line is refused")
 
 
+def check_range(p: argparse.ArgumentParser, args: argparse.Namespace, name: str, low=None, high=None) -> None:
+    """args.<name> (where given) is a finite number within low..high (either may be None)."""
+    value = getattr(args, name)
+    if value is None:
+        return
+    flag = "--" + name.replace("_", "-")
+    if not math.isfinite(value):
+        p.error(f"invalid {flag}: {value} (must be a finite number)")
+    if (low is not None and value < low) or (high is not None and value > high):
+        allowed = f"between {low} and {high}" if low is not None and high is not None else \
+            (f">= {low}" if low is not None else f"<= {high}")
+        p.error(f"invalid {flag}: {value} (must be {allowed})")
+
+
 def check_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"invalid --{name.replace('_', '-')}: {value} (must be >= 1)")
+        check_range(p, args, name, 1)
 
 
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    check_positive(p, args, "beam", "max_tokens", "threads", "workers")
+    check_positive(p, args, "beam", "max_tokens", "workers")
+    check_range(p, args, "threads", 1, 4 * (os.cpu_count() or 1))  # more only oversubscribes the cores
+    for name in ("min_len", "max_len_a", "max_len_b"):
+        check_range(p, args, name, 0)
+    for name in ("lenpen", "unkpen"):
+        check_range(p, args, name)
     if args.threads is None and args.workers > 1:  # one batch per core group, not W batches on every core
         args.threads = max(1, (os.cpu_count() or 1) // args.workers)
-    if args.min_len < 0:
-        p.error(f"invalid --min-len: {args.min_len} (must be >= 0)")
     if args.sentencepiece_model and args.bpe != "sentencepiece":
         p.error("--sentencepiece-model needs --bpe sentencepiece")
 
@@ -55,7 +70,11 @@ def search_options(args: argparse.Namespace) -> dict:
 
 
 def load(p: argparse.ArgumentParser, args: argparse.Namespace):
-    """The translator and the text codec the options name."""
+    """The translator and the text codec the options name; a model folder that is broken or whose
+    parts do not fit together ends on one argparse line (status 2)."""
+    from ..deploy.text import TextCodec
+    from ..deploy.translator import Translator
+
     try:
         translator = Translator(args.model, threads=args.threads)
         spm = args.sentencepiece_model or (translator.sentencepiece_model if args.bpe in (None, "sentencepiece")

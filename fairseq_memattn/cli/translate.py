@@ -5,12 +5,13 @@
     # or: python -m fairseq_memattn.deploy FOLDER ...
 
 Reads --buffer-size lines at a time, translates them and prints their S-/H-/D-/P- lines (A- with
---print-alignment) in input order, ids counting input lines from 0. Each line is translated as
-if alone: its maximum length counts its own tokens. A line the model cannot translate is reported
-on standard error with its line number and skipped; the exit status is then 1. sentencepiece is
-applied when FOLDER has spm.model or with --bpe sentencepiece --sentencepiece-model PATH. With
---workers W, W of a buffer's batches decode at once: on a file, give a --buffer-size that holds
-several batches.
+--print-alignment) in input order, ids counting input lines from 0. Lines end in \\n, \\r\\n or \\r;
+a UTF-8 byte order mark at the start is dropped. Each line is translated as if alone: its maximum
+length counts its own tokens. A line the model cannot translate is reported on standard error with
+its line number and skipped; the exit status is then 1. sentencepiece is applied when FOLDER has
+spm.model or with --bpe sentencepiece --sentencepiece-model PATH. With --workers W, W of a buffer's
+batches decode at once: on a file, give a --buffer-size that holds several batches. Ctrl-C exits
+with status 130, a closed standard output (| head) with 141, both without a traceback.
 """
 
 import argparse
@@ -20,9 +21,9 @@ import os
 import sys
 
 from .deploy_options import add_model_options, add_search_options, check_options, check_positive, load, search_options
-from ..deploy.translator import SourceError
 
 PROG = "fairseq-memattn-translate"
+BOM = b"\xef\xbb\xbf"
 
 
 def parse_args(argv=None):
@@ -46,9 +47,21 @@ def parse_args(argv=None):
     return p, args
 
 
+def raw_lines(stream):
+    """The byte lines of ``stream`` without their ends: \\n, \\r\\n or \\r (old Mac files), read as they
+    come; a UTF-8 byte order mark at the start dropped."""
+    first = True
+    for chunk in iter(stream.readline, b""):  # up to a \\n: a \\r\\n is never split between chunks
+        if first:
+            chunk, first = chunk[len(BOM):] if chunk.startswith(BOM) else chunk, False
+        chunk = chunk[:-1] if chunk.endswith(b"\n") else chunk
+        chunk = chunk[:-1] if chunk.endswith(b"\r") else chunk
+        yield from chunk.split(b"\r")
+
+
 def numbered_buffers(stream, size: int):
     """Lists of (line number from 1, text or None where it is not UTF-8), ``size`` lines each."""
-    lines = enumerate(iter(stream.readline, b""), start=1)
+    lines = enumerate(raw_lines(stream), start=1)
     while True:
         buffer = list(itertools.islice(lines, size))
         if not buffer:
@@ -58,7 +71,7 @@ def numbered_buffers(stream, size: int):
 
 def decode_line(raw: bytes):
     try:
-        return raw.decode("utf-8").rstrip("\r\n")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
 
@@ -82,6 +95,8 @@ def print_hypotheses(index: int, shown_source: str, hypotheses, codec, args) -> 
 
 def translate_buffer(buffer, translator, codec, args, options) -> int:
     """Translates and prints one buffer's lines; returns how many were skipped."""
+    from ..deploy.exceptions import SourceError
+
     sources, skipped = {}, 0
     for number, line in buffer:
         try:
@@ -104,22 +119,35 @@ def translate_buffer(buffer, translator, codec, args, options) -> int:
     return skipped
 
 
-def main(argv=None) -> int:
+def translate(argv=None) -> int:
     parser, args = parse_args(argv)
     translator, codec = load(parser, args)
     options = search_options(args)
     skipped = 0
-    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
-    try:
-        with stream:
-            for buffer in numbered_buffers(stream, args.buffer_size):
-                skipped += translate_buffer(buffer, translator, codec, args, options)
-    except KeyboardInterrupt:  # what was translated is printed already; no traceback
-        sys.stdout.flush()
-        return 130
+    with sys.stdin.buffer if args.input == "-" else open(args.input, "rb") as stream:
+        for buffer in numbered_buffers(stream, args.buffer_size):
+            skipped += translate_buffer(buffer, translator, codec, args, options)
     if skipped:
         print(f"{PROG}: {skipped} line(s) skipped", file=sys.stderr)
     return 1 if skipped else 0
+
+
+def main(argv=None) -> int:
+    """translate(), with Ctrl-C (at start-up or while decoding: what was translated is printed)
+    and a closed standard output (| head) ending quietly, as shell tools do."""
+    try:
+        return translate(argv)
+    except KeyboardInterrupt:
+        status = 130
+    except BrokenPipeError:
+        status = 141
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    # the reader may be gone: Python's own flush at exit must not print a BrokenPipeError
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return status
 
 
 if __name__ == "__main__":

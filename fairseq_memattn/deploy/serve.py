@@ -7,137 +7,45 @@
     GET  /info       -> the model's config.json and the server's limits
 
 Requests waiting, and those arriving within --batch-window-ms of the first, are decoded together
-(up to --max-tokens source tokens per batch) on worker threads, so the event loop keeps answering.
-With --workers W, up to W batches decode at once (ONNX Runtime runs a session's calls in parallel;
-on C cores, W x --threads = C): a batch is split among the workers that are free. Waiting requests
-are bounded by --queue-size: beyond it a request gets 503 at once.
-Malformed requests get 400, sources longer than the model or --max-tokens 413; a batch whose
-decoding fails gets 500 (the error logged with its traceback) and the server goes on.
+(up to --max-tokens source tokens per batch) on worker threads (batcher.py), so the event loop keeps
+answering. With --workers W, up to W batches decode at once (ONNX Runtime runs a session's calls in
+parallel; on C cores, W x --threads = C): a batch is split among the workers that are free. Waiting
+requests are bounded by --queue-size: beyond it a request gets 503 at once, with Retry-After.
+Every error has a JSON body {"error": "..."}: a malformed request 400, a source longer than the
+model or --max-tokens 413, an unknown path 404, another method 405, a request not answered within
+--timeout-s 504 (its work dropped if not started), a batch whose decoding fails 500 (the error
+logged with its traceback; the server goes on). A client that disconnects has its queued work
+dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed.
 """
 
 import asyncio
+import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional
 
 from aiohttp import web
 
-from .translator import MAX_TOKENS, SourceError, SourceTooLong
+from .batcher import Batcher, Busy
+from .batching import MAX_TOKENS
+from .exceptions import SourceError, SourceTooLong
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
-BATCHER = web.AppKey("batcher", "Batcher")
+BATCHER = web.AppKey("batcher", Batcher)
 LOGGER = logging.getLogger(__name__)
+RETRY_AFTER_S = 1  # a full queue drains within about a batch's decoding
+TIMEOUT_S = 60.0  # a request's deadline: well above a batch of long sentences on one core
+IDLE_TIMEOUT_S = 15.0  # a connection without a complete request for this long is closed
 
 
 class RequestError(ValueError):
     """A request the server refuses; ``status`` is its HTTP status."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
 
-
-class Job:
-    """One request's sources and options, and the future its handler awaits."""
-
-    def __init__(self, sources: List[List[int]], beam: int, alignment: bool, future: asyncio.Future):
-        self.sources, self.beam, self.alignment, self.future = sources, beam, alignment, future
-        self.tokens = sum(len(s) for s in sources)
-
-
-class Batcher:
-    """Requests queued as they arrive and decoded together on ``workers`` threads: when a worker is
-    free, those waiting and those arriving within ``window`` seconds of the first, up to
-    ``max_tokens`` source tokens, make a batch, split by source tokens among the free workers;
-    requests with the same beam and alignment share ``translate_ids`` calls."""
-
-    def __init__(self, translator, options: dict, window: float, max_tokens: int, queue_size: int,
-                 workers: int = 1):
-        self.translator, self.options = translator, options
-        self.window, self.max_tokens = window, max_tokens
-        self.queue: asyncio.Queue = asyncio.Queue(maxsize=queue_size)
-        self.workers = self.free = workers
-        self.freed = asyncio.Event()
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="translate")
-        self.task: Optional[asyncio.Task] = None  # run()
-        self.tasks: set = set()  # dispatch()es under way
-
-    async def translate(self, sources: List[List[int]], beam: int, alignment: bool) -> List[List[dict]]:
-        job = Job(sources, beam, alignment, asyncio.get_running_loop().create_future())
-        try:
-            self.queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise RequestError(503, f"the server is busy ({self.queue.maxsize} requests waiting): retry later") \
-                from None
-        return await job.future
-
-    async def collect(self) -> List[Job]:
-        """The next batch: the first waiting job, then those waiting or arriving within the window."""
-        loop = asyncio.get_running_loop()
-        jobs = [await self.queue.get()]
-        deadline = loop.time() + self.window
-        while sum(job.tokens for job in jobs) < self.max_tokens:
-            if not self.queue.empty():  # those that came while the workers were busy
-                jobs.append(self.queue.get_nowait())
-                continue
-            try:
-                jobs.append(await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time())))
-            except asyncio.TimeoutError:
-                break
-        return jobs
-
-    async def run(self) -> None:
-        while True:
-            while not self.free:
-                self.freed.clear()
-                await self.freed.wait()
-            jobs = await self.collect()
-            parts = [[] for _ in range(min(self.free, len(jobs)))]
-            for job in sorted(jobs, key=lambda job: -job.tokens):  # the largest first, to the lightest part
-                min(parts, key=lambda part: sum(j.tokens for j in part)).append(job)
-            for part in parts:
-                self.free -= 1
-                task = asyncio.create_task(self.dispatch(part))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
-
-    async def dispatch(self, jobs: List[Job]) -> None:
-        """Decode ``jobs`` on a worker and answer each; the worker is free again after."""
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, jobs)
-        except Exception as error:  # reported to each request of the batch; the server keeps serving
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(error)
-        else:
-            for job, result in zip(jobs, results):
-                if not job.future.done():  # a client that went away cancelled its future
-                    job.future.set_result(result)
-        finally:
-            self.free += 1
-            self.freed.set()
-
-    def decode(self, jobs: List[Job]) -> List[List[List[dict]]]:
-        """Each job's hypotheses, one translate_ids call per (beam, alignment) among the jobs."""
-        results: List[Optional[List[List[dict]]]] = [None] * len(jobs)
-        for key in dict.fromkeys((job.beam, job.alignment) for job in jobs):
-            group = [i for i, job in enumerate(jobs) if (job.beam, job.alignment) == key]
-            sources = [source for i in group for source in jobs[i].sources]
-            hypotheses = self.translator.translate_ids(sources, max_tokens=self.max_tokens, beam=key[0],
-                                                       alignment=key[1], **self.options)
-            for i in group:
-                count = len(jobs[i].sources)
-                results[i], hypotheses = hypotheses[:count], hypotheses[count:]
-        return results
-
-    async def start(self, app: web.Application) -> None:
-        self.task = asyncio.create_task(self.run())
-
-    async def stop(self, app: web.Application) -> None:
-        for task in (self.task, *self.tasks):
-            task.cancel()
-        self.executor.shutdown(wait=True)
+    def response(self) -> web.Response:
+        return web.json_response({"error": str(self)}, status=self.status, headers=self.headers)
 
 
 def field(body: dict, name: str, kind, default, low: int = None, high: int = None):
@@ -150,14 +58,31 @@ def field(body: dict, name: str, kind, default, low: int = None, high: int = Non
     return value
 
 
+async def read_json(request: web.Request):
+    """The request's body as JSON; RequestError (400, 413) where it is not."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(413, f"the body is larger than the server's {request.client_max_size} bytes") from None
+    except ConnectionError:  # the client went away mid-body: an answer nobody reads, and no log
+        raise RequestError(400, "the connection closed before the body's end") from None
+    except Exception as error:  # aiohttp's errors of a body it cannot decode (Content-Encoding)
+        raise RequestError(400, f"the body cannot be read ({error})") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise RequestError(400, f"the body is not JSON ({reason})") from None
+
+
 class Server:
     """The HTTP handlers: requests checked and encoded here, decoded by the Batcher."""
 
     def __init__(self, translator, codec, options: dict, beam: int, max_tokens: int, max_beam: int,
-                 max_sentences: int, batcher: Batcher):
+                 max_sentences: int, batcher: Batcher, timeout: float = TIMEOUT_S):
         self.translator, self.codec, self.options, self.beam = translator, codec, options, beam
         self.max_tokens, self.max_beam, self.max_sentences = max_tokens, max_beam, max_sentences
-        self.batcher = batcher
+        self.batcher, self.timeout = batcher, timeout
 
     def parse(self, body) -> tuple:
         """(source ids, beam, nbest, alignment) of a /translate request body."""
@@ -175,12 +100,12 @@ class Server:
         beam = field(body, "beam", int, self.beam, 1, self.max_beam)
         nbest = field(body, "nbest", int, 1, 1, beam)
         alignment = field(body, "alignment", bool, False)
+        limits = {key: self.options[key] for key in ("max_len_a", "max_len_b", "min_len")}
         sources = []
         for i, line in enumerate(text):
-            _, ids = self.codec.source(line)
             try:
-                self.translator.check_source(ids, max_tokens=self.max_tokens, max_len_a=self.options["max_len_a"],
-                                             max_len_b=self.options["max_len_b"], min_len=self.options["min_len"])
+                ids = self.codec.source(line)[1]
+                self.translator.check_source(ids, max_tokens=self.max_tokens, **limits)
             except SourceError as error:
                 raise RequestError(413 if isinstance(error, SourceTooLong) else 400, f"text[{i}]: {error}") from None
             sources.append(ids)
@@ -196,22 +121,27 @@ class Server:
 
     async def translate(self, request: web.Request) -> web.Response:
         try:
-            try:
-                body = await request.json()
-            except ValueError as error:
-                raise RequestError(400, f"the body is not JSON ({error})") from None
-            except web.HTTPRequestEntityTooLarge:
-                raise RequestError(413, f"the body is larger than the server's {request.client_max_size} bytes") \
-                    from None
-            sources, beam, nbest, alignment = self.parse(body)
-            results = await self.batcher.translate(sources, beam, alignment) if sources else []
+            return await asyncio.wait_for(self.answer(request), self.timeout)
         except RequestError as error:
-            return web.json_response({"error": str(error)}, status=error.status)
-        except Exception as error:  # the decoding failed: this request's batch is answered, the server goes on
-            LOGGER.exception("decoding failed")
-            return web.json_response({"error": f"decoding failed: {error}"}, status=500)
+            return error.response()
+        except asyncio.TimeoutError:  # answer() was cancelled: its job left the queue
+            return web.json_response({"error": f"not answered within the server's --timeout-s {self.timeout:g} s"},
+                                     status=504)
+
+    async def answer(self, request: web.Request) -> web.Response:
+        sources, beam, nbest, alignment = self.parse(await read_json(request))
+        results = await self.decode(sources, beam, alignment) if sources else []
         return web.json_response({"results": [[self.hypothesis_json(h, alignment) for h in hypotheses[:nbest]]
                                               for hypotheses in results]})
+
+    async def decode(self, sources, beam: int, alignment: bool):
+        try:
+            return await self.batcher.translate(sources, beam, alignment)
+        except Busy as error:
+            raise RequestError(503, str(error), {"Retry-After": str(RETRY_AFTER_S)}) from None
+        except Exception as error:  # the decoding failed: this request's batch is answered, the server goes on
+            LOGGER.exception("decoding failed")
+            raise RequestError(500, f"decoding failed: {error}") from None
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -219,17 +149,35 @@ class Server:
     async def info(self, request: web.Request) -> web.Response:
         return web.json_response({"config": self.translator.config, "beam": self.beam, "max_tokens": self.max_tokens,
                                   "max_beam": self.max_beam, "max_sentences": self.max_sentences,
-                                  "queue_size": self.batcher.queue.maxsize, "workers": self.batcher.workers,
-                                  "search": self.options})
+                                  "queue_size": self.batcher.queue_size, "workers": self.batcher.workers,
+                                  "timeout_s": self.timeout, "search": self.options})
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """aiohttp's own error answers (404, 405, ...) with a JSON body, as the server's."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        headers = {k: v for k, v in error.headers.items() if k.lower() not in ("content-type", "content-length")}
+        message = {404: f"no such path: {request.path} (the server answers POST /translate, GET /health, "
+                        f"GET /info)",
+                   405: f"method {request.method} is not allowed for {request.path} "
+                        f"(allowed: {headers.get('Allow', '')})"}.get(error.status, error.reason)
+        return web.json_response({"error": message}, status=error.status, headers=headers)
 
 
 def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.005, max_tokens: int = MAX_TOKENS,
-             queue_size: int = 64, max_beam: int = 16, max_sentences: int = 256, workers: int = 1) -> web.Application:
+             queue_size: int = 64, max_beam: int = 16, max_sentences: int = 256, workers: int = 1,
+             timeout: float = TIMEOUT_S) -> web.Application:
     """The server's application (``options``: Translator.generate's, beam aside; ``beam``: a request's
-    default); its Batcher starts and stops with it."""
+    default; ``timeout``: a request's deadline in seconds); its Batcher starts and stops with it.
+    Serve it with ``runner_settings`` (``run`` and ``BackgroundServer`` do)."""
     batcher = Batcher(translator, options, window, max_tokens, queue_size, workers)
-    server = Server(translator, codec, options, beam, max_tokens, max_beam, max_sentences, batcher)
-    app = web.Application()
+    server = Server(translator, codec, options, beam, max_tokens, max_beam, max_sentences, batcher, timeout)
+    app = web.Application(middlewares=[json_errors])
     app.add_routes([web.post("/translate", server.translate), web.get("/health", server.health),
                     web.get("/info", server.info)])
     app.on_startup.append(batcher.start)
@@ -238,13 +186,33 @@ def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.
     return app
 
 
+def runner_settings(idle_timeout: float = IDLE_TIMEOUT_S, access_log: bool = False) -> dict:
+    """aiohttp's server settings: a handler is cancelled when its client disconnects (so its queued
+    work is dropped), a connection without a complete request for ``idle_timeout`` seconds is
+    closed (aiohttp's keep-alive timeout runs from the connection's start, so partial headers
+    count; it has no separate header timeout), one access line per request only with
+    ``access_log``."""
+    settings = {"handler_cancellation": True, "keepalive_timeout": idle_timeout}
+    if not access_log:
+        settings["access_log"] = None
+    return settings
+
+
+def run(app: web.Application, host: str, port: int, idle_timeout: float = IDLE_TIMEOUT_S,
+        access_log: bool = False) -> None:
+    """Serve ``app`` until interrupted; aiohttp's start-up lines on standard error."""
+    web.run_app(app, host=host, port=port, print=lambda text: LOGGER.info(text.strip()),
+                **runner_settings(idle_timeout, access_log))
+
+
 class BackgroundServer:
     """An application served on 127.0.0.1 (an ephemeral port) by an event loop in a thread, for tests
     and benchmarks: ``url``, and ``close()``."""
 
-    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                 idle_timeout: float = IDLE_TIMEOUT_S):
         self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, **runner_settings(idle_timeout))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.runner.setup(), self.loop).result()
@@ -264,9 +232,3 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-if __name__ == "__main__":
-    from ..cli.serve import main
-
-    main()

@@ -4,7 +4,8 @@
 import os
 from typing import List, Optional, Tuple
 
-from .translator import Dictionary
+from .dictionary import Dictionary
+from .exceptions import SourceError
 
 
 class SentencePiece:
@@ -40,7 +41,13 @@ class TextCodec:
 
     def source(self, line: str) -> Tuple[str, List[int]]:
         """The line as fairseq-interactive's S- line shows it (unknown words as <unk>) and its
-        token ids, EOS last."""
+        token ids, EOS last. SourceError for a str that is not Unicode text (a lone surrogate, which
+        JSON's \\ud800 escapes can make), which sentencepiece cannot encode."""
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise SourceError(f"not Unicode text: a lone surrogate {line[error.start]!r} at character "
+                              f"{error.start}") from None
         ids = self.src_dict.encode(self.bpe.encode(line) if self.bpe else line)
         return self.src_dict.string(ids), ids
 

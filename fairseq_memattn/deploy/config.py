@@ -1,0 +1,83 @@
+"""config.json of an exported model: read in this one place, checked for its format version, the
+keys the translator reads, their types and the special symbols' range in the dictionaries."""
+
+import json
+import os
+
+from .exceptions import ModelFolderError
+
+# config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
+FORMAT_VERSIONS = (2,)
+CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
+               "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
+               "max_target_positions")
+# keys holding integers, and the least each may be
+INTEGER_KEYS = {"pad": 0, "eos": 0, "unk": 0, "source_pad": 0, "source_eos": 0, "memory_k": 1,
+                "alignment_memory": 0, "max_source_positions": 1, "max_target_positions": 2}
+TARGET_SYMBOLS = ("pad", "eos", "unk")
+SOURCE_SYMBOLS = ("source_pad", "source_eos")
+
+
+def read_config(folder: str) -> dict:
+    """config.json of an exported model, checked for its format version, the keys the translator
+    reads and their types."""
+    if not os.path.isdir(folder):
+        raise ModelFolderError(f"not an exported model folder (no such folder): {folder}")
+    path = config_path(folder)
+    if not os.path.isfile(path):
+        raise ModelFolderError(f"not an exported model folder (no config.json): {folder}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ModelFolderError(f"{path}: not readable as JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ModelFolderError(f"{path}: not a JSON object")
+    version = config.get("format_version")
+    if version not in FORMAT_VERSIONS:
+        found = "no format_version" if version is None else f"format_version {version!r}"
+        raise ModelFolderError(f"{path}: {found}, this translator reads format_version "
+                               f"{', '.join(map(str, FORMAT_VERSIONS))} (export the model again with this "
+                               f"version of fairseq-memattn-export)")
+    missing = [key for key in CONFIG_KEYS if key not in config]
+    if missing:
+        raise ModelFolderError(f"{path}: missing key {', '.join(map(repr, missing))}")
+    check_types(config, path)
+    return config
+
+
+def config_path(folder: str) -> str:
+    return os.path.join(folder, "config.json")
+
+
+def check_types(config: dict, path: str) -> None:
+    for key, least in INTEGER_KEYS.items():
+        value = config[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ModelFolderError(f"{path}: {key} is {value!r}, expected an integer >= {least}")
+    if config["source_padding"] not in ("left", "right"):
+        raise ModelFolderError(f"{path}: source_padding is {config['source_padding']!r}, expected 'left' or 'right'")
+    names = config["memory_outputs"]
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ModelFolderError(f"{path}: memory_outputs is {names!r}, expected a list of graph output names")
+    state = config["decoder_state"]
+    if not isinstance(state, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                              and ("from" in e or "zeros" in e) for e in state):
+        raise ModelFolderError(f"{path}: decoder_state is {state!r}, expected a list of "
+                               "{'name', 'from' or 'zeros'} entries")
+    layers = config.get("self_attention_cache")
+    if layers is not None and not (isinstance(layers, list) and all(
+            isinstance(layer, dict) and isinstance(layer.get("heads"), int) and isinstance(layer.get("head_dim"), int)
+            for layer in layers)):
+        raise ModelFolderError(f"{path}: self_attention_cache is {layers!r}, expected a list of "
+                               "{'heads', 'head_dim'} entries")
+
+
+def check_symbols(config: dict, path: str, source_symbols: int, target_symbols: int) -> None:
+    """The special symbols' ids in config.json are rows of the dictionaries."""
+    for keys, size, name in ((TARGET_SYMBOLS, target_symbols, "dict.target.txt"),
+                             (SOURCE_SYMBOLS, source_symbols, "dict.source.txt")):
+        for key in keys:
+            if config[key] >= size:
+                raise ModelFolderError(f"{path}: {key} is {config[key]}, outside {name}'s {size} symbols "
+                                       f"(0..{size - 1})")

@@ -1,0 +1,76 @@
+"""One batch's runs of the exported decoder step: its memory (one row per source), its state
+(one row per hypothesis) and, for the Transformer, its self-attention cache, kept in ONNX
+Runtime's memory and reordered as the beam search asks."""
+
+from typing import Dict
+
+import numpy as np
+
+from .cache import SelfAttentionCache
+
+
+def initial_state(config: dict, encoded: Dict[str, np.ndarray], hypotheses: int) -> Dict[str, np.ndarray]:
+    """The decoder's state before the first step, one row per hypothesis."""
+    state = {}
+    for entry in config["decoder_state"]:
+        if "from" in entry:  # one row per source from the encoder, one per hypothesis here
+            rows = encoded[entry["from"]]
+            state[entry["name"]] = np.repeat(rows, hypotheses // len(rows), axis=0)
+        else:
+            state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
+    return state
+
+
+class DecoderRun:
+    """The decoder step over one batch's hypotheses (``hypotheses`` rows, up to ``steps`` positions)."""
+
+    def __init__(self, session, ort, config: dict, encoded: Dict[str, np.ndarray], hypotheses: int, steps: int):
+        self.session, self.outputs = session, [o.name for o in session.get_outputs()]
+        self.ort_value = ort.OrtValue.ortvalue_from_numpy
+        self.memory_rows = {name: encoded[name] for name in config["memory_outputs"]}
+        self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
+        self.state = {name: self.ort_value(value)
+                      for name, value in initial_state(config, encoded, hypotheses).items()}
+        layers = config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
+        self.cache = SelfAttentionCache(layers, hypotheses, steps, self.ort_value) if layers else None
+        self.kept_rows = None  # after sentences left the batch: the rows of the state before
+
+    def keep(self, sources: np.ndarray, rows: np.ndarray) -> None:
+        """Only these sources (memory rows) and hypotheses (state rows) go on; the state is
+        reordered once, by the next step."""
+        self.kept_rows = rows
+        self.memory_rows = {name: value[sources] for name, value in self.memory_rows.items()}
+        self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
+
+    def step(self, tokens: np.ndarray, step: int, reorder: np.ndarray, search: dict):
+        """(candidate scores and indices, sources x candidates; read weights N x K) for one target
+        position; row j continues row reorder[j] of the previous step, ``search`` holds the inputs
+        of export/search.py. The state and the memory stay in ONNX Runtime's memory (OrtValues
+        bound to the graph's inputs and outputs), and the new position's keys and values are
+        written straight into the cache."""
+        if self.kept_rows is not None:
+            reorder, self.kept_rows = self.kept_rows[reorder], None
+        arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
+        values = {**self.state, **self.memory}
+        cache = self.cache
+        if cache is None:  # the state is reordered by the graph
+            arrays["reorder"] = reorder
+        else:
+            cache.reorder(reorder)
+            arrays["history"] = cache.history(step)
+            values.update(cache.inputs)
+        binding = self.session.io_binding()
+        for name, value in arrays.items():
+            binding.bind_cpu_input(name, value)
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in self.outputs:
+            if cache is None or name not in cache.tables:
+                binding.bind_output(name, "cpu")
+        if cache is not None:
+            cache.bind_new_position(binding, step)
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self.outputs, binding.get_outputs()))
+        self.state = {name: outputs["new_" + name] for name in self.state}
+        return (outputs["candidate_scores"].numpy(), outputs["candidate_indices"].numpy(),
+                outputs["read_weights"].numpy())

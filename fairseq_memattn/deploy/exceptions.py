@@ -1,0 +1,13 @@
+"""The runtime's errors: a broken model folder, a source the limits refuse."""
+
+
+class ModelFolderError(ValueError):
+    """An exported model folder that is incomplete, unreadable or inconsistent; the message names the file."""
+
+
+class SourceError(ValueError):
+    """A source that cannot be translated with the given limits (an impossible --min-len)."""
+
+
+class SourceTooLong(SourceError):
+    """A source longer than the model's positions or the batch's --max-tokens."""
