@@ -25,6 +25,7 @@ TINY = {
                                        "--decoder-ffn-embed-dim 32 --encoder-layers 1 --decoder-layers 1 "
                                        "--encoder-attention-heads 2 --decoder-attention-heads 2 --memory-k 4",
 }
+TINY["transformer_memattn"] = TINY["transformer_memattn_iwslt_de_en"]  # the CPU-sized block
 SMALL = [  # (pattern, replacement): data sizes and update counts
     (r"--copy-train-size \d+", "--copy-train-size 400"),
     (r"--copy-valid-size \d+", "--copy-valid-size 20"),
@@ -80,7 +81,7 @@ def check_outputs(code, result, cwd):
         assert len(re.findall(r"^H-\d+\t", text, re.M)) == test_size, f"{generated}: not every test sentence"
         if "--print-alignment" in code:
             assert re.search(r"^A-\d+\t", text, re.M), f"{generated}: no alignments"
-    if "fairseq_memattn.score" in code:
+    if "fairseq-memattn-score" in code:
         assert re.search(r"^BLEU [\d.]+ ", out, re.M), out
     if "fairseq-interactive" in code:
         assert re.search(r"^H-0\t", out, re.M), out
@@ -102,6 +103,29 @@ def test_readme_marks_its_copy_task_commands():
     for line in code.replace("\\\n", " ").splitlines():
         if line.startswith("fairseq-generate"):  # evaluate every example, the empty ones included
             assert "--required-batch-size-multiple 1" in line and "--min-len 0" in line, line
+
+
+def option(line, name):
+    found = re.search(rf"{name} (\d+)", line)
+    return int(found.group(1)) if found else None
+
+
+def test_readme_says_where_each_transformer_command_runs():
+    """A Transformer block sized for a GPU says so before it, and a CPU-sized one learns past
+    its warm-up within a few hundred updates, logging as it goes."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    trains = {}
+    for match in BLOCK.finditer(readme):
+        for line in match.group(2).replace("\\\n", " ").splitlines():
+            if line.startswith("fairseq-train") and "--arch transformer_memattn" in line:
+                paragraph = readme[:match.start()].rstrip().rsplit("\n\n", 1)[-1]
+                trains["GPU" if "On a GPU" in paragraph else "CPU" if "On a CPU" in paragraph else paragraph] = line
+    assert sorted(trains) == ["CPU", "GPU"], trains
+    cpu = trains["CPU"]
+    assert option(cpu, "--warmup-updates") <= 500 and option(cpu, "--max-update") <= 1000, cpu
+    assert option(cpu, "--warmup-updates") <= option(cpu, "--max-update") / 2, cpu
+    assert option(cpu, "--log-interval") <= 50 and option(cpu, "--encoder-embed-dim") <= 128, cpu
 
 
 def test_shrink_makes_the_commands_tiny():
