@@ -304,11 +304,15 @@ def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_at_start_up_exits_130_quietly(trained, tmp_path):
+@pytest.mark.parametrize("tool", ["translate", "serve"])
+def test_ctrl_c_at_start_up_exits_130_quietly(trained, tmp_path, tool):
+    if tool == "serve":
+        pytest.importorskip("aiohttp", reason="the server needs the optional extra 'serve' (aiohttp)")
     _, folder = trained("attention")
     slow = break_folder(folder, tmp_path / "fifo", lambda f: (f / "dict.source.txt").unlink())
     os.mkfifo(slow / "dict.source.txt")  # the translator's load waits on it
-    process = subprocess.Popen(translate_command(slow), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    command = translate_command(slow) if tool == "translate" else serve_command(slow, "--port", "0")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True)
     deadline = time.monotonic() + 120
     while True:  # a write end opens once the translator has the dictionary open
