@@ -19,6 +19,7 @@ import argparse
 import copy
 import logging
 import os
+import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
@@ -222,3 +223,9 @@ def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: 
     if os.path.exists(out) and not force:
         raise ConvertError(f"{out} exists: pass --force to replace it")
     save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)
+
+
+if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing
+    print("python -m fairseq_memattn.convert: error: run fairseq-memattn-convert (or python -m fairseq_memattn.cli.convert)",
+          file=sys.stderr)
+    sys.exit(2)

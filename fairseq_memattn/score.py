@@ -12,6 +12,7 @@ give them as a file of one reference per input line; the hypotheses are then the
 the detokenized text the reference file holds.
 """
 
+import sys
 from typing import Dict, List, Optional, Tuple
 
 from .errors import UserError
@@ -83,3 +84,9 @@ def accuracy_by_length(hypotheses: List[str], references: List[str], width: int)
     return [{"lengths": f"{b * width}-{(b + 1) * width - 1}", "exact": exact, "reordered": reordered,
              "sentences": n, "accuracy": round(100.0 * exact / n, 2)}
             for b, (exact, reordered, n) in sorted(bands.items())]
+
+
+if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing
+    print("python -m fairseq_memattn.score: error: run fairseq-memattn-score (or python -m fairseq_memattn.cli.score)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -153,6 +153,8 @@ def test_no_library_module_imports_the_command_lines():
     ("fairseq_memattn.export", "ONNX Runtime"),
     ("fairseq_memattn.cli.convert", "--memory-k K"),
     ("fairseq_memattn.cli.score", "--reference FILE"),
+    ("fairseq_memattn.cli.translate", "byte order mark"),
+    ("fairseq_memattn.cli.serve", "POST /translate"),
 ])
 def test_help_works_under_python_OO(module, words):
     """python -OO drops docstrings: help texts are written in the command lines themselves."""

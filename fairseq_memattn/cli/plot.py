@@ -15,7 +15,8 @@ import torch
 
 from .. import plot
 from ..errors import one_line_errors
-from ..plot import PlotError, ReadChoice, check_has_attention, check_read_choice, decode, describe, draw, save
+from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
+                    draw, save)
 
 logger = logging.getLogger("fairseq_memattn.plot")
 PROG = "fairseq-memattn-plot"
@@ -75,16 +76,6 @@ def check_arguments(args, paths: List[str]) -> List[str]:
     return labels
 
 
-def warn_task_mismatch(task_cfg, saved_task_cfg, path: str) -> None:
-    """A task generated from other options (e.g. --copy-test-size) has other examples."""
-    if saved_task_cfg is None:
-        return
-    for key in task_cfg:
-        if key in saved_task_cfg and key != "data" and task_cfg[key] != saved_task_cfg[key]:
-            logger.warning(f"--{key.replace('_', '-')} is {task_cfg[key]!r} here but was "
-                           f"{saved_task_cfg[key]!r} when {path} was trained")
-
-
 def load_sample(cfg, args, task):
     """A one-example batch: example --example-id of --gen-subset, or --sentence encoded."""
     if args.sentence is not None:
@@ -132,7 +123,7 @@ def run(args) -> List[plot.Alignment]:
         models, saved_cfg = checkpoint_utils.load_model_ensemble(
             [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task)
         model = models[0]
-        warn_task_mismatch(cfg.task, getattr(saved_cfg, "task", None), path)
+        check_task(cfg.task, task, getattr(saved_cfg, "task", None), path)
         check_has_attention(model, path)
         check_read_choice(model, path, choice)
         if use_cuda:

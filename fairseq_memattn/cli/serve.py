@@ -1,13 +1,4 @@
-"""fairseq-memattn-serve: translate over HTTP.
-
-    fairseq-memattn-serve FOLDER [--host 127.0.0.1] [--port 8000] [--batch-window-ms 5] \\
-        [--max-tokens 1024] [--queue-size 64] [--workers 1] [--threads T] [--timeout-s 60] \\
-        [--idle-timeout-s 15] [--log-level info]
-    # or: python -m fairseq_memattn.cli.serve FOLDER ...
-
-A model folder that is broken or whose parts do not fit together is refused before the server
-starts: one line, status 2.
-"""
+"""fairseq-memattn-serve: translate over HTTP (its help: DESCRIPTION and deploy.serve.API)."""
 
 import argparse
 import logging
@@ -18,12 +9,23 @@ from .deploy_options import add_model_options, add_search_options, check_options
 
 PROG = "fairseq-memattn-serve"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Help text in constants, not docstrings, so that it holds under python -OO.
+DESCRIPTION = """translate over HTTP.
+
+    fairseq-memattn-serve FOLDER [--host 127.0.0.1] [--port 8000] [--batch-window-ms 5] \\
+        [--max-tokens 1024] [--queue-size 64] [--workers 1] [--threads T] [--timeout-s 60] \\
+        [--idle-timeout-s 15] [--log-level info]
+    # or: python -m fairseq_memattn.cli.serve FOLDER ...
+
+A model folder that is broken or whose parts do not fit together is refused before the server
+starts: one line, status 2.
+"""
 
 
 def parse_args(argv=None):
     from ..deploy import serve
 
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__ + "\n" + serve.__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION + "\n" + serve.API,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1")

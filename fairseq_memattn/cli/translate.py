@@ -1,4 +1,17 @@
-"""fairseq-memattn-translate: raw text in, fairseq-interactive's output out, on ONNX Runtime.
+"""fairseq-memattn-translate: raw text in, fairseq-interactive's output out, on ONNX Runtime (help: DESCRIPTION)."""
+
+import argparse
+import itertools
+import math
+import os
+import sys
+
+from .deploy_options import add_model_options, add_search_options, check_options, check_positive, load, search_options
+
+PROG = "fairseq-memattn-translate"
+BOM = b"\xef\xbb\xbf"
+# Help text in a constant, not the docstring, so that it holds under python -OO.
+DESCRIPTION = """raw text in, fairseq-interactive's output out, on ONNX Runtime.
 
     fairseq-memattn-translate FOLDER [--beam 5] [--nbest 1] [--buffer-size 1] [--max-tokens 1024] \\
         [--workers 1] [--print-alignment] [--plain] < input.txt
@@ -14,20 +27,9 @@ batches decode at once: on a file, give a --buffer-size that holds several batch
 with status 130, a closed standard output (| head) with 141, both without a traceback.
 """
 
-import argparse
-import itertools
-import math
-import os
-import sys
-
-from .deploy_options import add_model_options, add_search_options, check_options, check_positive, load, search_options
-
-PROG = "fairseq-memattn-translate"
-BOM = b"\xef\xbb\xbf"
-
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
     p.add_argument("--input", default="-", help="file to translate (default: standard input)")
     p.add_argument("--buffer-size", type=int, default=1,

@@ -1,6 +1,21 @@
 """The HTTP translation server over ``Translator`` (aiohttp); ``fairseq-memattn-serve``
-(``fairseq_memattn.cli.serve``) runs it.
+(``fairseq_memattn.cli.serve``) runs it. What it answers: API below (also the command's help).
+"""
 
+import asyncio
+import json
+import logging
+import threading
+
+from aiohttp import web
+
+from .batcher import Batcher, Busy
+from .batching import MAX_TOKENS
+from .exceptions import SourceError, SourceTooLong
+
+
+# Kept in a constant rather than the docstring, so that the command's help holds under python -OO.
+API = """\
     POST /translate  {"text": ["sentence", ...], "beam": 5, "nbest": 1, "alignment": false}
                      -> {"results": [[{"text", "pieces", "score", "positional_scores"[, "alignment"]}, ...], ...]}
     GET  /health     -> {"status": "ok"}
@@ -17,17 +32,6 @@ model or --max-tokens 413, an unknown path 404, another method 405, a request no
 logged with its traceback; the server goes on). A client that disconnects has its queued work
 dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed.
 """
-
-import asyncio
-import json
-import logging
-import threading
-
-from aiohttp import web
-
-from .batcher import Batcher, Busy
-from .batching import MAX_TOKENS
-from .exceptions import SourceError, SourceTooLong
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
 BATCHER = web.AppKey("batcher", Batcher)
@@ -232,3 +236,11 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing
+    import sys
+
+    print("python -m fairseq_memattn.deploy.serve: error: run fairseq-memattn-serve (or python -m fairseq_memattn.cli.serve)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import UserError
 from .memory import MemoryConfig, MemoryMix, MemoryWrite, source_alignment
 from .numerics import check_choice, masked_fill_min, sum_of_products, widen
 
@@ -198,7 +199,7 @@ class DotAttention(ContentAttention):
     def __init__(self, encoder_dim: int, decoder_dim: int, scaled: bool):
         super().__init__(encoder_dim)
         if encoder_dim != decoder_dim:
-            raise ValueError(
+            raise UserError(
                 f"dot attention compares encoder outputs with decoder states, so their sizes "
                 f"must match: encoder output size {encoder_dim} (2 x --encoder-hidden-size, "
                 f"bidirectional) != --decoder-hidden-size {decoder_dim}"

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .numerics import check_choice, masked_fill_min, sum_of_products, widen
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -47,14 +48,14 @@ class MemoryConfig:
     def __post_init__(self):
         for option, value in (("--memory-k", self.k), ("--memory-position-max-len", self.position_max_len)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"invalid {option}: {value!r} (must be an integer >= 1)")
+                raise UserError(f"invalid {option}: {value!r} (must be an integer >= 1)")
         check_choice("--memory-encoder-score", self.encoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-decoder-score", self.decoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-encoder-normalize", self.encoder_normalize, ENCODER_NORMALIZATIONS)
         # No silent fallback to --max-source-positions: Eq. 10 with S much longer than the sentences
         # is nearly flat, a different model. The models read S from the training data before this.
         if self.position_encoding and self.position_max_len is None:
-            raise ValueError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
+            raise UserError("--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S "
                              "(the longest source, EOS included), or --no-memory-position-encoding")
 
     @classmethod
@@ -96,7 +97,7 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
     lengths = (~padding_mask).sum(dim=1)
     too_long = lengths > max_len
     if too_long.any():
-        raise ValueError(
+        raise UserError(
             f"source length {int(lengths.max())} exceeds the position-encoding maximum "
             f"S = {max_len} (--memory-position-max-len); use a larger value or shorter sources"
         )

@@ -3,11 +3,13 @@
 import torch
 from torch import Tensor
 
+from ..errors import UserError
+
 
 def check_choice(name: str, value, choices) -> None:
-    """argparse's "invalid choice" as a ValueError, for modules built from Python."""
+    """argparse's "invalid choice" as a UserError, for modules built from Python."""
     if value not in choices:
-        raise ValueError(f"invalid {name}: {value!r} (choose from {', '.join(map(str, choices))})")
+        raise UserError(f"invalid {name}: {value!r} (choose from {', '.join(map(str, choices))})")
 
 
 def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:
