@@ -174,10 +174,17 @@ def test_parallel_benchmark_gives_each_setting_the_same_outputs(trained, tmp_pat
 
 
 @pytest.mark.slow
+def interruptible():
+    """SIGINT back to its default in the child: a shell runs background jobs with SIGINT ignored,
+    children inherit that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_keeps_what_was_printed(trained):
     _, folder = trained("attention")
     process = subprocess.Popen(translate_command(folder, "--plain"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True)
+                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True,
+                               preexec_fn=interruptible)
     process.stdin.write("3 1\n")
     process.stdin.flush()
     first = process.stdout.readline()
@@ -313,7 +320,8 @@ def test_ctrl_c_at_start_up_exits_130_quietly(trained, tmp_path, tool):
     os.mkfifo(slow / "dict.source.txt")  # the translator's load waits on it
     command = translate_command(slow) if tool == "translate" else serve_command(slow, "--port", "0")
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True)
+                               stderr=subprocess.PIPE, env=clean_env(), cwd=REPO, text=True,
+                               preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while True:  # a write end opens once the translator has the dictionary open
         try:
