@@ -3,6 +3,7 @@ models side by side, decoding best and averaged checkpoints, the archive) and th
 it here. After this passes, the GPU run can only fail because of the GPU."""
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -170,6 +171,11 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
     logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR}
 
+    (tmp_path / "results" / "table.md").unlink()
+    assert cpu_driver(data, tmp_path, "--report", timeout=300).returncode == 0
+    # Without the cap among its options, the report counts the runs as unfinished.
+    assert re.search(r"^\| transformer_memattn \| CPU \| still running \| \d+ \| 3 \|",
+                     (tmp_path / "results" / "table.md").read_text(), re.M)
     again = cpu_driver(data, tmp_path, *toy, timeout=300)  # all done: nothing trains again
     assert again.returncode == 0, again.stderr[-3000:]
     assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR} == logs

@@ -11,7 +11,8 @@ fine-tuned for 5 % and 10 % of its updates beside the transformer continued as l
 Safe to run again at any time: while a copy (or a fairseq-train it started) runs, another exits at
 once; a new one resumes each model from its checkpoint_last.pt and skips what is done. Pause with
 ``pkill -STOP -f fairseq_cli.train`` and go on with ``pkill -CONT -f fairseq_cli.train``. The table
-and the curves are written again after every round of epochs, so they grow as training goes.
+and the curves are written again after every round of epochs, so they grow as training goes;
+``--report`` writes them from the logs so far at any time, also while a run goes on.
 """
 
 import argparse
@@ -213,6 +214,8 @@ def main(argv=None):
     p.add_argument("--train-args", type=shlex.split, default=[],
                    help="more fairseq-train options, one string (they override the recipe's)")
     p.add_argument("--max-epoch", type=int, default=sys.maxsize, help="a cap on epochs (default none)")
+    p.add_argument("--report", action="store_true",
+                   help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
     for name in ("patience", "max_epoch"):
         if getattr(args, name) < 1:
@@ -220,6 +223,9 @@ def main(argv=None):
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
     if not os.path.isdir(os.path.join(args.data, "data-bin")):
         p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
+    if args.report:
+        write_results(args)
+        return 0
     lock = hold_lock(args.work)
     if lock is None:
         converge.log(f"already running (the lock {os.path.join(args.work, 'driver.lock')} is held): nothing to do")
