@@ -1,6 +1,6 @@
 """Beam search over a model exported by ``fairseq-memattn-export``, on ONNX Runtime.
 
-``Translator(folder)`` runs the exported encoder once per batch and the
+``Translator(folder)`` runs the exported encoder on each batch's sources and the
 decoder step once per output position, with fairseq's beam search
 (``SequenceGenerator``: the same candidates, finalisation, length penalty,
 ``--min-len``, ``--max-len-a/b``, ``--unkpen``, ``--nbest``), so on float32
@@ -101,12 +101,34 @@ class Translator:
     # --- the encoder, and the search over the decoder -----------------------------------
 
     def encode(self, src_tokens: np.ndarray) -> Dict[str, np.ndarray]:
-        """The encoder's outputs, run on slices of at most ``encoder_tokens_per_run`` padded tokens."""
-        names = [o.name for o in self.encoder.get_outputs()]
-        rows = max(1, self.encoder_tokens_per_run // src_tokens.shape[1])
-        runs = [self.encoder.run(None, {"src_tokens": src_tokens[start: start + rows]})
-                for start in range(0, len(src_tokens), rows)]
-        return {name: np.concatenate([run[i] for run in runs], axis=0) for i, name in enumerate(names)}
+        """The encoder's outputs for each source as if it ran alone: the sources of one length run
+        together at their own width, at most ``encoder_tokens_per_run`` tokens a run, and outputs
+        with a source axis are padded back to the batch's width. Padding moves the float32 sums of
+        the self-attention in their last bits, enough to tip an int8 rounding step, so that a
+        sentence's int8 translation would depend on the batch."""
+        pad, width = self.config["source_pad"], src_tokens.shape[1]
+        left = self.config["source_padding"] == "left"
+        lengths = (src_tokens != pad).sum(axis=1)
+        outputs = {o.name: (o.shape.index("src_len") if "src_len" in o.shape else None)
+                   for o in self.encoder.get_outputs()}
+        encoded = {}
+        for length in np.unique(lengths):
+            rows = np.flatnonzero(lengths == length)
+            tokens = src_tokens[rows][:, width - length:] if left else src_tokens[rows][:, :length]
+            step = max(1, self.encoder_tokens_per_run // int(length))
+            for start in range(0, len(rows), step):
+                run = self.encoder.run(None, {"src_tokens": tokens[start: start + step]})
+                for (name, source_axis), value in zip(outputs.items(), run):
+                    if name not in encoded:
+                        shape = [len(src_tokens), *value.shape[1:]]
+                        if source_axis is not None:
+                            shape[source_axis] = width
+                        encoded[name] = np.zeros(shape, value.dtype)
+                    into = [rows[start: start + step]] + [slice(None)] * (value.ndim - 1)
+                    if source_axis is not None:
+                        into[source_axis] = slice(width - length, width) if left else slice(0, length)
+                    encoded[name][tuple(into)] = value
+        return encoded
 
     def generate(self, src_tokens: np.ndarray, beam: int = 5, lenpen: float = 1.0, max_len_a: float = 0.0,
                  max_len_b: int = 200, min_len: int = 1, unk_penalty: float = 0.0,
