@@ -4,6 +4,7 @@ learning-curve plots: shared by the recipes (copy-task sweeps, real-data compari
 import logging
 import math
 import re
+import subprocess
 from datetime import datetime
 
 
@@ -18,6 +19,20 @@ def finished(code, log_text: str) -> bool:
     and error): exit 0, or the teardown abort above after "done training"."""
     return code == 0 or (code in ABORT_CODES and TEARDOWN_ABORT in log_text
                          and "fairseq_cli.train | done training in" in log_text)
+
+
+def run_logged(command, log_path, **popen) -> int:
+    """Run a fairseq-train COMMAND with its line and its output appended to LOG_PATH; its exit
+    status, 0 if it finished (``finished``, judged on this run's lines only: the log may hold
+    earlier, resumed runs)."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        start = log.tell()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, **popen).returncode
+    with open(log_path, encoding="utf-8") as log:
+        log.seek(start)
+        return 0 if finished(code, log.read()) else code
 
 
 def read_train_log(path):

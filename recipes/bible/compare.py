@@ -26,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-from recipes.train_log import finished, plot_curves, read_train_log
+from recipes.train_log import plot_curves, read_train_log, run_logged
 
 # A small Transformer (3 + 3 layers of 256 units, 4 heads, FFN 1024), the same for both.
 SMALL_TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
@@ -82,15 +82,7 @@ def train(args):
                "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
                "--no-epoch-checkpoints", "--save-dir", os.path.join(args.checkpoints, args.model),
                "--log-format", "simple", "--log-interval", "50", "--cpu", *args.extra]
-    path = os.path.join(run, "train.log")
-    with open(path, "a", encoding="utf-8") as log:
-        log.write("$ " + " ".join(command) + "\n")
-        log.flush()
-        start = log.tell()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
-    with open(path, encoding="utf-8") as log:
-        log.seek(start)
-        return 0 if finished(code, log.read()) else code  # this run's lines only: the log is appended to
+    return run_logged(command, os.path.join(run, "train.log"))
 
 
 def report(args):

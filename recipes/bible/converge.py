@@ -318,17 +318,11 @@ def report(args):
         with tarfile.open(args.archive) as tar:
             tar.extractall(tmp, filter="data")
         shutil.move(os.path.join(tmp, "converged"), args.out)
-    references = {}
-    for subset in ("valid", "test"):
-        with open(os.path.join(args.data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
-            references[subset] = [line.rstrip("\n") for line in f]
+    references = read_references(args.data)
     runs = {m: read_run(os.path.join(args.out, m), references) for m in MODELS
             if os.path.isfile(os.path.join(args.out, m, "train.log"))}
-    for model in runs:  # the fairseq-generate outputs are kept compressed, as the copy task's
-        for path in glob_outputs(os.path.join(args.out, model)):
-            with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
-                shutil.copyfileobj(f, z)
-            os.remove(path)
+    for model in runs:
+        compress_outputs(os.path.join(args.out, model))
     from recipes.train_log import plot_curves
 
     for baseline, memory in PAIRS.items():
@@ -340,9 +334,24 @@ def report(args):
     print(table)
 
 
-def glob_outputs(folder):
-    return [os.path.join(top, name) for top, _, names in os.walk(folder) for name in names
-            if name.startswith("generate.") and name.endswith(".txt")]
+def read_references(data):
+    """{subset: reference lines} of valid and test, from prepare's DATA/ref/."""
+    references = {}
+    for subset in ("valid", "test"):
+        with open(os.path.join(data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
+            references[subset] = [line.rstrip("\n") for line in f]
+    return references
+
+
+def compress_outputs(folder):
+    """fairseq-generate's outputs below FOLDER gzipped in place, as the copy task keeps them."""
+    for top, _, names in os.walk(folder):
+        for name in names:
+            if name.startswith("generate.") and name.endswith(".txt"):
+                path = os.path.join(top, name)
+                with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
+                    shutil.copyfileobj(f, z)
+                os.remove(path)
 
 
 def chosen_checkpoint(runs, baseline, memory):

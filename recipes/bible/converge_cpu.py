@@ -17,10 +17,8 @@ and the curves are written again after every round of epochs, so they grow as tr
 
 import argparse
 import fcntl
-import gzip
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,7 +26,7 @@ from argparse import Namespace
 
 from recipes.bible import compare, converge
 from recipes.convert import run as convert_run
-from recipes.train_log import finished, plot_curves, read_train_log
+from recipes.train_log import plot_curves, read_train_log, run_logged
 
 PAIR = ("transformer", "transformer_memattn")
 # compare.py's small Transformer at half its width, with less dropout for the smaller model, so that
@@ -54,16 +52,9 @@ def log_path(args, model):
 
 
 def run_fairseq(command, log, lock):
-    """Run COMMAND with its output appended to LOG; whether it finished. The driver's lock file
-    descriptor is passed on, so the lock stays held while any fairseq-train it started still runs."""
-    with open(log, "a", encoding="utf-8") as f:
-        f.write("$ " + " ".join(command) + "\n")
-        f.flush()
-        begin = f.tell()
-        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, pass_fds=(lock,)).returncode
-    with open(log, encoding="utf-8") as f:
-        f.seek(begin)
-        return finished(code, f.read())
+    """run_logged, with the driver's lock file descriptor passed on, so that the lock stays held
+    while any fairseq-train it started still runs."""
+    return run_logged(command, log, pass_fds=(lock,)) == 0
 
 
 def train(args, model, lock, on_round):
@@ -104,13 +95,7 @@ def decode(args, model):
     converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
     converge.evaluate(settings, os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt"), "test",
                       os.path.join(folder, "best"))
-    for top, _, names in os.walk(folder):  # fairseq-generate's outputs kept compressed
-        for name in names:
-            if name.startswith("generate.") and name.endswith(".txt"):
-                path = os.path.join(top, name)
-                with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
-                    shutil.copyfileobj(f, z)
-                os.remove(path)
+    converge.compress_outputs(folder)
 
 
 def conversion_settings(args):
@@ -138,10 +123,7 @@ def convert(args, lock):
 
 def runs_so_far(args):
     """converge.read_run of each model with a log, stopped by patience or still running."""
-    references = {}
-    for subset in ("valid", "test"):
-        with open(os.path.join(args.data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
-            references[subset] = [line.rstrip("\n") for line in f]
+    references = converge.read_references(args.data)
     runs = {}
     for model in PAIR:
         if os.path.isfile(log_path(args, model)):
