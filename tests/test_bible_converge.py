@@ -41,6 +41,10 @@ def test_run_then_report(own_pair_recipe, tmp_path):
                      "average/hyp.test.fr", "average/hyp.valid.fr", "average/averaged.txt"):
             assert f"converged/{model}/{name}" in names
     assert not any(name.endswith(".pt") for name in names)  # checkpoints stay on the machine
+    # The transformer converted and fine-tuned beside itself continued, each decoded on test.
+    assert {"converged/convert/source.json", "converged/convert/converted_0/hyp.test.fr"} <= names
+    for run in converge.CONVERT_RUNS:
+        assert sum(re.fullmatch(rf"converged/convert/{run}_[1-9]\d*/hyp\.test\.fr", n) is not None for n in names) == 2
 
     results = tmp_path / "results"
     reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
@@ -57,6 +61,16 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
     for baseline in converge.PAIRS:
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
+    conversion = table[table.index("## The converged transformer converted"):]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in conversion.splitlines()
+            if re.match(r"\| (transformer|converted|original)", line)]
+    source = int(rows[0][1])
+    assert [row[0] for row in rows] == ["transformer (the source)", "converted, before fine-tuning",
+                                        "converted", "original", "converted", "original"]
+    assert [int(row[2]) for row in rows] == [0, 0, *[total - source for total in
+                                                      sorted(int(row[1]) for row in rows[2:])]]
+    assert all(float(row[3]) >= 0 and float(row[4]) > 0 for row in rows)
+    assert all(float(row[5]) > 0 for row in rows[2:])  # fairseq-train's validation at the fine-tuned update
 
 
 @pytest.mark.slow
@@ -66,7 +80,7 @@ def test_broken_environment_fails_in_the_smoke_step(own_pair_recipe, tmp_path):
     ran = driver("run", "--bundle", str(bundle), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
                  "--cpu", "--train-args", "--optimizer no_such_optimizer", timeout=300)
     assert ran.returncode == 1
-    assert "smoke training failed" in ran.stdout and "training the four models" not in ran.stdout
+    assert "smoke training failed" in ran.stdout and "side by side" not in ran.stdout
     assert (tmp_path / "out" / converge.ARCHIVE).exists()  # the logs come back even so
 
 

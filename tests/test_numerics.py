@@ -124,7 +124,7 @@ def attend_and_differentiate(attention, states, mask, query, name=None):
     def fixed_random(t, seed):  # the same numbers for the first rows whatever the batch size
         pool = torch.randn(4, *t.shape[1:], generator=torch.Generator().manual_seed(seed),
                            dtype=torch.float64)
-        return pool[: t.size(0)]
+        return pool[: t.size(0)].to(t.device)
 
     loss = (context.double() * fixed_random(context, 5)).sum() + (weights.double() * fixed_random(weights, 6)).sum()
     inputs = [states, query, *attention.parameters()]

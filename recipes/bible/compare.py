@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 from recipes.train_log import plot_curves, read_train_log, run_logged
+from recipes.wmt17.run import fairseq_tool
 
 # A small Transformer (3 + 3 layers of 256 units, 4 heads, FFN 1024), the same for both.
 SMALL_TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
@@ -68,8 +69,12 @@ COMPARISONS = {"transformer": ("transformer_memattn", "transformer_memattn_windo
                "lstm_att": ("lstm_memattn", "lstm_memattn_window")}
 
 
-def fairseq_tool(name):
-    return os.path.join(os.path.dirname(sys.executable), name)
+DEVICES = ("cpu", "fp16", "bf16", "amp")
+
+
+def device_flags(device):
+    """fairseq-train's options for DEVICE: --cpu, or a GPU's precision (--fp16, --bf16, --amp)."""
+    return ["--cpu"] if device == "cpu" else [f"--{device}"]
 
 
 def train(args):
@@ -81,7 +86,7 @@ def train(args):
                "--max-source-positions", "256", "--max-target-positions", "256",
                "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
                "--no-epoch-checkpoints", "--save-dir", os.path.join(args.checkpoints, args.model),
-               "--log-format", "simple", "--log-interval", "50", "--cpu", *args.extra]
+               "--log-format", "simple", "--log-interval", "50", *device_flags(args.device), *args.extra]
     return run_logged(command, os.path.join(run, "train.log"))
 
 
@@ -158,6 +163,7 @@ def main(argv=None):
     p.add_argument("--checkpoints", default=os.path.join(REPO, "checkpoints", "bible"))
     p.add_argument("--max-update", type=int, default=2000, help="the budget, equal for every model")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu, or a GPU's precision (default cpu)")
     args, args.extra = p.parse_known_args(argv)
     if args.command == "train":
         if args.model is None:

@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -34,7 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from recipes.bible import compare
-from recipes.train_log import finished
+from recipes.convert import run as convert_run
+from recipes.train_log import finished, read_train_log
 
 PAIRS = {"transformer": "transformer_memattn", "lstm_att": "lstm_memattn"}  # baseline: memory model
 MODELS = {
@@ -52,6 +54,11 @@ GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.item
 # Validation every epoch; stop after PATIENCE epochs without a better validation loss.
 PATIENCE = 5
 AVERAGE_LAST = 5  # epoch checkpoints averaged
+# The converged transformer converted and fine-tuned for these fractions of its updates, beside the
+# transformer continued as long (recipes/convert/run.py's runs).
+CONVERT_FRACTIONS = (0.05, 0.1)
+CONVERT_RUNS = ("converted", "original")
+TIMED_SECONDS = 60  # kept after the decoding and the conversion for the test split decoded alone
 ARCHIVE = "converged.tar.gz"
 
 
@@ -74,25 +81,32 @@ def gpu_train_command(model, args, save_dir, extra):
                           *shlex.split(args.train_args), *extra])
 
 
+def device(args):
+    return "cpu" if args.cpu else args.precision
+
+
 def device_args(args):
-    return ["--cpu"] if args.cpu else [f"--{args.precision}"]
+    return compare.device_flags(device(args))
 
 
 def start(command, log_path):
+    """COMMAND in its own process group (so that a kill takes its children too), output to LOG_PATH."""
     with open(log_path, "a", encoding="utf-8") as f:
         f.write("$ " + shlex.join(command) + "\n")
-    return subprocess.Popen(command, stdout=open(log_path, "a", encoding="utf-8"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(command, stdout=open(log_path, "a", encoding="utf-8"), stderr=subprocess.STDOUT,
+                            cwd=compare.REPO, start_new_session=True)
 
 
 def wait_all(processes, seconds):
-    """Return codes of {name: Popen}; whatever is still running after SECONDS is killed (code None)."""
+    """Return codes of {name: Popen}; whatever is still running after SECONDS is killed with its
+    process group (code None)."""
     end = time.monotonic() + seconds
     codes = {}
     for name, process in processes.items():
         try:
             codes[name] = process.wait(timeout=max(1.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             codes[name] = None
     return codes
@@ -109,7 +123,7 @@ def trained(code, log_path):
 def smoke(args, stage, work):
     """A few updates of every model at once: a broken environment fails here, in about a minute."""
     processes = {}
-    for model in MODELS:
+    for model in args.models:
         os.makedirs(os.path.join(stage, model), exist_ok=True)
         command = gpu_train_command(model, args, os.path.join(work, "smoke", model),
                                 ["--max-update", str(args.smoke_updates), "--disable-validation",
@@ -127,7 +141,7 @@ def smoke(args, stage, work):
 def train(args, stage, work, seconds):
     """The four models side by side, each to --patience or the wall-clock cap."""
     processes = {}
-    for model in MODELS:
+    for model in args.models:
         command = gpu_train_command(model, args, os.path.join(work, "checkpoints", model),
                                 ["--patience", str(PATIENCE), "--stop-time-hours", f"{seconds / 3600:.5f}",
                                  "--keep-last-epochs", str(AVERAGE_LAST), "--no-last-checkpoints",
@@ -217,8 +231,50 @@ def describe_machine(stage):
     log(", ".join(lines))
 
 
+def convert(args, stage, work, deadline):
+    """recipes/convert on the converged transformer: its best checkpoint converted to
+    transformer_memattn (K = 64, the position window) and fine-tuned for CONVERT_FRACTIONS of its
+    updates beside the transformer continued as long, then the converted model and each fine-tuned
+    checkpoint decoded on test. What still runs at DEADLINE (time.monotonic()) is killed."""
+    source = os.path.join(work, "checkpoints", "transformer", "checkpoint_best.pt")
+    if not os.path.isfile(source):
+        log("transformer: no checkpoint_best.pt, nothing to convert")
+        return
+    out, folder = os.path.join(stage, "convert"), os.path.join(work, "convert")
+    os.makedirs(out, exist_ok=True)
+    updates = convert_run.source_updates(source)
+    with open(os.path.join(out, "source.json"), "w", encoding="utf-8") as f:
+        json.dump({"updates": updates, "fractions": CONVERT_FRACTIONS}, f)
+    step = [sys.executable, "-m", "recipes.convert.run"]
+    options = ["--data", args.bundle, "--source", source, "--work", folder, "--out", out,
+               "--fractions", *map(str, CONVERT_FRACTIONS), "--device", device(args),
+               *GPU_BATCH["transformer"], *shlex.split(args.train_args)]
+    converted = wait_all({"convert": start([*step, "convert", *options], os.path.join(out, "convert.log"))},
+                         deadline - time.monotonic())
+    if converted["convert"] != 0:
+        log(f"conversion failed (exit {converted['convert']}): see convert/convert.log")
+        return
+    codes = wait_all({run: start([*step, "train", run, *options], os.path.join(out, f"{run}.log"))
+                      for run in CONVERT_RUNS}, deadline - time.monotonic())
+    log(f"fine-tuning exit codes: {codes}")
+    checkpoints = {"converted_0": os.path.join(folder, "converted.pt")}
+    for run in CONVERT_RUNS:
+        for total in convert_run.totals(updates, CONVERT_FRACTIONS):
+            checkpoints[f"{run}_{total}"] = os.path.join(folder, run, convert_run.RUN_MODELS[run],
+                                                         f"checkpoint_{total}.pt")
+
+    def decode_test(name):
+        if os.path.isfile(checkpoints[name]) and deadline - time.monotonic() > 30:
+            os.makedirs(os.path.join(out, name), exist_ok=True)
+            evaluate(args, checkpoints[name], "test", os.path.join(out, name))
+
+    with ThreadPoolExecutor(len(checkpoints)) as pool:
+        list(pool.map(decode_test, checkpoints))
+
+
 def run(args):
     begun = time.monotonic()
+    deadline = begun + args.minutes * 60 - 30  # the archive is written in the last 30 s
     stage = os.path.join(args.work, "converged")
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
@@ -233,18 +289,21 @@ def run(args):
         if seconds < 60:
             log(f"only {seconds:.0f} s left for training: raise --minutes or lower --decode-minutes")
             return 1
-        log(f"training the four models side by side, at most {seconds:.0f} s each")
+        log(f"training {', '.join(args.models)} side by side, at most {seconds:.0f} s each")
         codes = train(args, stage, args.work, seconds)
         log(f"training exit codes: {codes}")
-        with ThreadPoolExecutor(len(MODELS)) as pool:
-            list(pool.map(lambda m: decode(args, stage, args.work, m), MODELS))
-        for model in MODELS:  # alone on the machine, for the decoding time
+        with ThreadPoolExecutor(len(args.models) + 1) as pool:
+            # The conversion beside the decoding; the timed decoding below needs the machine alone.
+            conversion = pool.submit(convert, args, stage, args.work, deadline - TIMED_SECONDS)
+            list(pool.map(lambda m: decode(args, stage, args.work, m), args.models))
+            conversion.result()
+        for model in args.models:  # alone on the machine, for the decoding time
             best = os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt")
-            if os.path.isfile(best):
+            if os.path.isfile(best) and deadline - time.monotonic() > 15:
                 result = evaluate(args, best, "test", os.path.join(stage, model, "best"))
                 log(f"{model}: test BLEU {result['bleu']} in {result['decoding_seconds']} s")
         if tests is not None:
-            code = wait_all({"tests": tests}, max(1.0, args.minutes * 60 - (time.monotonic() - begun) - 20))
+            code = wait_all({"tests": tests}, max(1.0, deadline - time.monotonic()))
             log(f"CUDA tests exit code {code['tests']}")
         return 0 if all(trained(c, os.path.join(stage, m, "train.log")) for m, c in codes.items()) else 1
     finally:
@@ -293,8 +352,6 @@ def score(hypotheses_path, references):
 
 def read_run(folder, references):
     """A model's folder of the archive: its training log and each checkpoint's scores."""
-    from recipes.train_log import read_train_log
-
     run = {"log": read_train_log(os.path.join(folder, "train.log")), "checkpoints": {}}
     for checkpoint in ("best", "average"):
         scores = {}
@@ -302,7 +359,7 @@ def read_run(folder, references):
             hypotheses = os.path.join(folder, checkpoint, f"hyp.{subset}.fr")
             if os.path.isfile(hypotheses):
                 scores[subset] = score(hypotheses, references[subset])
-        if "valid" in scores and "test" in scores:
+        if scores:
             run["checkpoints"][checkpoint] = scores
     timed = os.path.join(folder, "best", "evaluate.test.json")
     if os.path.isfile(timed):
@@ -330,8 +387,55 @@ def report(args):
         if curves:
             plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
                         f"Bible en-fr, GPU: {memory} against {baseline}", curves)
-    table = write_table(args, runs)
+    table = write_table(args, runs, conversion_rows(args.out, runs, references))
     print(table)
+
+
+def conversion_rows(folder, runs, references):
+    """(label, updates, fine-tuning updates, score) of what ``convert`` left in FOLDER/convert: the
+    source (the transformer's best checkpoint), the converted model and each fine-tuned checkpoint;
+    each score with its validation loss as fairseq-train logged it at that update, where it did."""
+    out = os.path.join(folder, "convert")
+    if not os.path.isfile(os.path.join(out, "source.json")) or "transformer" not in runs:
+        return []
+    with open(os.path.join(out, "source.json"), encoding="utf-8") as f:
+        source = json.load(f)
+    updates, rows = source["updates"], []
+
+    def add(label, hypotheses_folder, total, curve):
+        hypotheses = os.path.join(hypotheses_folder, "hyp.test.fr")
+        if os.path.isfile(hypotheses):
+            rows.append((label, total, total - updates,
+                         {**score(hypotheses, references["test"]), "valid_loss": dict(curve).get(total)}))
+
+    add("transformer (the source)", os.path.join(folder, "transformer", "best"), updates,
+        runs["transformer"]["log"]["curve"])
+    add("converted, before fine-tuning", os.path.join(out, "converted_0"), updates, [])
+    for total in convert_run.totals(updates, source["fractions"]):
+        for run in CONVERT_RUNS:
+            train_log = os.path.join(out, run, convert_run.RUN_MODELS[run], "train.log")
+            curve = read_train_log(train_log)["curve"] if os.path.isfile(train_log) else []
+            add(run, os.path.join(out, f"{run}_{total}"), total, curve)
+    return rows
+
+
+def conversion_section(rows, valid_loss_source):
+    """The table.md section of the converted transformer: ROWS as ``conversion_rows`` gives them."""
+    if not rows:
+        return []
+    lines = ["## The converged transformer converted to transformer_memattn", "",
+             "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
+             "window (`fairseq-memattn-convert`), then fine-tuned (all parameters) for "
+             + " and ".join(f"{f:.0%}".replace("%", " %") for f in CONVERT_FRACTIONS) + " of N; beside it "
+             "the transformer continued from the same checkpoint for as long (`original`). Both keep the "
+             "checkpoint's optimizer state and schedule (`recipes/convert/run.py`). Test sacreBLEU and chrF, "
+             f"beam 5; validation loss (label-smoothed) {valid_loss_source}.", "",
+             "| model | updates | fine-tuned | test BLEU | chrF | valid loss |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, total, trained, result in rows:
+        loss = "" if result.get("valid_loss") is None else f"{result['valid_loss']:.3f}"
+        lines.append(f"| {label} | {total} | {trained} | {result['bleu']:.2f} | {result['chrf']:.2f} | {loss} |")
+    return lines + [""]
 
 
 def read_references(data):
@@ -356,10 +460,11 @@ def compress_outputs(folder):
 
 def chosen_checkpoint(runs, baseline, memory):
     """The averaged checkpoint where it beats the best one on validation BLEU for both models."""
+    def valid_bleu(run, checkpoint):
+        return run["checkpoints"].get(checkpoint, {}).get("valid", {}).get("bleu", -1)
+
     pair = [runs[m] for m in (baseline, memory) if m in runs]
-    better = [r["checkpoints"].get("average", {}).get("valid", {}).get("bleu", -1)
-              > r["checkpoints"]["best"]["valid"]["bleu"] for r in pair if "best" in r["checkpoints"]]
-    return "average" if pair and len(better) == len(pair) and all(better) else "best"
+    return "average" if pair and all(valid_bleu(r, "average") > valid_bleu(r, "best") >= 0 for r in pair) else "best"
 
 
 STOPPED = {"converged": "patience", "time": "wall-clock cap", "cap": "--max-update",
@@ -397,12 +502,12 @@ def pair_rows(runs, device):
     return rows, signatures
 
 
-def write_table(args, runs):
+def write_table(args, runs, converted=()):
     machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
     rows, signatures = pair_rows(runs, "GPU" if any(l.startswith("gpu ") for l in machine) else "CPU")
     lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
              f"Machine: {'; '.join(l for l in machine if l)}. Test split (Romans), beam 5, sacreBLEU on "
-             "detokenised text. All four models trained at once on the one GPU (`recipes/bible/converge.py "
+             "detokenised text. The models trained side by side on the one GPU (`recipes/bible/converge.py "
              f"run`), each until {PATIENCE} epochs without a better validation loss or the wall-clock cap; "
              "batches: " + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
              ", the rest as in `recipes/bible/compare.py`. Test scores from the best checkpoint and from the "
@@ -412,7 +517,8 @@ def write_table(args, runs):
              "python -m recipes.bible.converge pack --data DATA",
              "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
-             *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), ""]
+             *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
+             *conversion_section(converted, "as fairseq-train logged it at that update")]
     tests = os.path.join(args.out, "cuda_tests.log")
     if os.path.isfile(tests):
         summary = [l for l in open(tests, encoding="utf-8").read().splitlines() if l.strip()]
@@ -441,6 +547,8 @@ def main(argv=None):
     r.add_argument("--precision", choices=("fp16", "bf16", "amp"), default="fp16",
                    help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
     r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
+    r.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                   help="the models to train (default all four)")
     r.add_argument("--smoke-updates", type=int, default=5)
     r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
     r.add_argument("--seed", type=int, default=1)

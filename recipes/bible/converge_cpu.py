@@ -33,7 +33,6 @@ PAIR = ("transformer", "transformer_memattn")
 # the pair converges within a few hours on two cores (docs/wmt17.md has the estimate).
 CPU_SIZE = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
             "--decoder-ffn-embed-dim", "512", "--dropout", "0.1"]
-FRACTIONS = (0.05, 0.1)  # the conversion's fine-tuning, as fractions of the transformer's updates
 DEFAULT_WORK = os.path.join(compare.REPO, "checkpoints", "bible", "converged")
 DEFAULT_OUT = os.path.join(compare.REPO, "results", "bible", "converged")
 COMMAND = "nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &"
@@ -102,7 +101,7 @@ def conversion_settings(args):
     """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
     return Namespace(data=args.data, source=os.path.join(args.work, "checkpoints", "transformer", "checkpoint_best.pt"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
-                     fractions=FRACTIONS, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
+                     fractions=converge.CONVERT_FRACTIONS, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
                      run=None)
 
 
@@ -158,17 +157,7 @@ def write_results(args, conversion_rows=()):
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              "Validation curves: [curves_transformer_cpu.png](curves_transformer_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
-    if conversion_rows:
-        lines += ["## The converged transformer converted to transformer_memattn", "",
-                  "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
-                  "window (`fairseq-memattn-convert`), then fine-tuned (all parameters) for 5 % and 10 % of N; "
-                  "beside it the transformer continued from the same checkpoint for as long (`original`). Both "
-                  "keep the checkpoint's optimizer state and schedule. Test sacreBLEU and chrF, beam 5; "
-                  "validation loss by fairseq-validate (label-smoothed).", "",
-                  "| model | updates | fine-tuned | test BLEU | chrF | valid loss |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {label} | {total} | {trained} | {score['bleu']:.2f} | {score['chrf']:.2f} | "
-                  f"{score['valid_loss']:.3f} |" for label, total, trained, score in conversion_rows]
-        lines.append("")
+    lines += converge.conversion_section(conversion_rows, "by fairseq-validate")
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 

@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 from recipes.bible import compare
+from recipes.wmt17.run import fairseq_tool
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.25)
 ORIGINAL, MEMORY = "transformer", "transformer_memattn_window"  # compare.MODELS: the source, the target
@@ -120,7 +121,7 @@ def train(args):
         extra = [*args.extra, "--memory-train-write-only"] if write_only else args.extra
         stage = argparse.Namespace(out=os.path.join(args.out, run), checkpoints=os.path.join(args.work, run),
                                    model=RUN_MODELS[args.run], data=args.data, max_update=total,
-                                   seed=args.seed, extra=extra)
+                                   seed=args.seed, device=args.device, extra=extra)
         if compare.train(stage) != 0:
             sys.exit(f"fairseq-train of {run} to {total} updates failed: see {stage.out}/{stage.model}/train.log")
         shutil.copyfile(os.path.join(folder, "checkpoint_last.pt"), snapshot)
@@ -137,7 +138,7 @@ def chrf(hypotheses_file, references_file):
 def validation_loss(checkpoint, data):
     """(loss, nll_loss) of fairseq-validate on the valid split, with the checkpoint's criterion."""
     result = subprocess.run(
-        [compare.fairseq_tool("fairseq-validate"), os.path.join(data, "data-bin"), "--user-dir", PLUGIN,
+        [fairseq_tool("fairseq-validate"), os.path.join(data, "data-bin"), "--user-dir", PLUGIN,
          "--task", "translation", "--source-lang", "en", "--target-lang", "fr", "--path", checkpoint,
          "--valid-subset", "valid", "--max-tokens", "4096", "--cpu", "--skip-invalid-size-inputs-valid-test"],
         capture_output=True, text=True, cwd=REPO)
@@ -193,7 +194,7 @@ def long_sources(data, folder, length):
             f.writelines(" ".join(piece) + "\n" for piece in pieces)
     shutil.copyfile(os.path.join(folder, "bpe", "test.fr"), os.path.join(folder, "ref", "test.fr"))
     binarized = os.path.join(data, "data-bin")
-    subprocess.run([compare.fairseq_tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "fr",
+    subprocess.run([fairseq_tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "fr",
                     "--testpref", os.path.join(folder, "bpe", "test"), "--destdir", os.path.join(folder, "data-bin"),
                     "--srcdict", os.path.join(binarized, "dict.en.txt"),
                     "--tgtdict", os.path.join(binarized, "dict.fr.txt"), "--workers", "1"],
@@ -287,6 +288,8 @@ def main(argv=None):
                    help="train converted: the write alone for this many updates first")
     p.add_argument("--long-length", type=int, default=LONG_LENGTH, help="|S| of the long-input timing")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", choices=compare.DEVICES, default="cpu",
+                   help="train on cpu, or on a GPU at this precision (default cpu)")
     args, args.extra = p.parse_known_args(argv)
     if args.command == "train" and args.run is None:
         p.error("train needs a run: " + ", ".join(sorted(RUN_MODELS)))

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import List, Tuple
@@ -92,7 +93,9 @@ def data_bin(data: str, pair: str) -> str:
 
 
 def fairseq_tool(name: str) -> str:
-    return os.path.join(os.path.dirname(sys.executable), name)
+    """fairseq's console script NAME: the one beside this Python, else the first on PATH (where
+    fairseq was installed with pip's --target, as on the GPU machine)."""
+    return shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name) or name
 
 
 def device_args(gpus: int) -> List[str]:
