@@ -203,3 +203,63 @@ def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
     ran = cpu_driver(tmp_path / "data", tmp_path, timeout=120)
     assert ran.returncode == 0 and "already running" in ran.stdout
     assert not (tmp_path / "results" / "cpu").exists()  # nothing started
+
+
+@pytest.mark.slow
+def test_lstm_variants_are_trained_decoded_on_validation_and_diagnosed(own_pair_recipe, tmp_path):
+    data, bundle, out = own_pair_recipe["out"], tmp_path / "bundle", tmp_path / "out"
+    converge.main(["pack", "--data", str(data), "--bundle", str(bundle), "--no-wheels"])
+    models = ["lstm_att", "lstm_memattn", "lstm_memattn_no_position"]
+    ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp_path / "work"), "--cpu",
+                 "--models", *models, "--smoke-updates", "1", "--max-update", "45", "--minutes", "8",
+                 "--decode-minutes", "2", "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES,
+                 "--generate-args", "--max-len-b 5")
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    with tarfile.open(out / converge.ARCHIVE) as tar:
+        names = set(tar.getnames())
+    assert "converged/lstm_memattn_no_position/best/hyp.valid.fr" in names
+    assert not any(n.startswith("converged/lstm_memattn_no_position/") and "test" in n for n in names)  # valid only
+    assert not any(n.startswith("converged/transformer") for n in names)
+    for model in models:
+        assert f"converged/{model}/attention_valid{converge.PLOTTED_EXAMPLE}.png" in names
+    results = tmp_path / "results"
+    reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    section = (results / "table.md").read_text().split("## The LSTM gap, on validation")[1]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| lstm")}
+    # Two tables, one row per model each: the outputs' (repetition, BLEU by length) and the memory's.
+    assert sum(line.startswith("| lstm_memattn_no_position |") for line in section.splitlines()) == 2
+    memory = rows["lstm_memattn_no_position"]
+    assert memory[1] == "--no-memory-position-encoding"
+    assert all(0 <= float(cell) <= 1 for cell in memory[5:9])
+    assert rows["lstm_att"][5:9] == ["", "", "", ""]  # no memory to read
+
+
+def test_memory_statistics_of_known_weights():
+    import torch
+
+    from recipes.bible.lstm_gap import memory_statistics
+
+    one_hot = torch.eye(4)  # S = K = 4: context k holds token k alone; step t reads context t
+    sharp = memory_statistics(one_hot, one_hot)
+    assert sharp == pytest.approx({"beta_entropy": 0, "beta_max": 1, "alpha_entropy": 0, "alpha_similarity": 0})
+    flat = memory_statistics(torch.full((5, 4), 0.5), torch.full((3, 4), 0.25))
+    assert flat == pytest.approx({"beta_entropy": 1, "beta_max": 0.25, "alpha_entropy": 1, "alpha_similarity": 1})
+    # Two of four contexts equal and two steps: by hand, beta (0.5, 0.5, 0, 0) has entropy log 2 / log 4.
+    alpha = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    half = memory_statistics(alpha, torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]]))
+    assert half["beta_entropy"] == pytest.approx((0.5 + 0.0) / 2)
+    assert half["beta_max"] == pytest.approx((0.5 + 1.0) / 2)
+    assert half["alpha_similarity"] == pytest.approx(2 / 12)  # one equal pair of 6, counted both ways
+
+
+def test_repetition_and_bleu_by_length_of_outputs():
+    from recipes.bible import lstm_gap
+
+    assert lstm_gap.repeated_trigrams("a b c a b c a") == (2, 5)  # "a b c" and "b c a" come back
+    assert lstm_gap.repeated_trigrams("a b") == (0, 0)
+    assert lstm_gap.repetition(["a b c a b c", "x y z"]) == (pytest.approx(100 / 5), 50.0)
+    references = ["the cat sat on the mat today", "a dog ran in the park this morning"]
+    bands = lstm_gap.bleu_by_band(["the cat sat on the mat today", "nothing like it"], references, [5, 30])
+    assert bands[(1, 20)] == (1, pytest.approx(100.0)) and bands[(21, 40)][1] < 10 and len(bands) == 2

@@ -31,10 +31,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from recipes.bible import compare
+from recipes.bible import compare, lstm_gap
 from recipes.convert import run as convert_run
 from recipes.train_log import finished, read_train_log
 
@@ -51,6 +52,22 @@ MODELS = {
 # Transformers (lr 1e-3, 1,000 warm-up updates), 256 sentences for the LSTMs (Adam 1e-3).
 GPU_BATCH = {"transformer": ["--max-tokens", "8192"], "lstm_att": ["--batch-size", "256"]}
 GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.items()})
+# The LSTM gap's variants (docs/wmt17.md): a model of the LSTM pair with one thing changed, trained
+# with --models beside the pair and compared with it on validation only.
+VARIANTS = {
+    "lstm_memattn_no_position": ("lstm_memattn", ["--no-memory-position-encoding"]),
+    "lstm_memattn_k128": ("lstm_memattn", ["--memory-k", "128"]),
+    "lstm_memattn_softmax_time": ("lstm_memattn", ["--memory-encoder-score", "softmax",
+                                                   "--memory-encoder-normalize", "time"]),
+    "lstm_memattn_sigmoid_read": ("lstm_memattn", ["--memory-decoder-score", "sigmoid"]),
+    "lstm_memattn_input_feeding": ("lstm_memattn", ["--input-feeding"]),
+    "lstm_att_input_feeding": ("lstm_att", ["--input-feeding"]),
+}
+MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})
+GPU_BATCH.update({name: GPU_BATCH[model] for name, (model, _) in VARIANTS.items()})
+LSTM_MODELS = ("lstm_att", "lstm_memattn", *VARIANTS)
+PLOTTED_EXAMPLE = 5  # the validation example whose attention is drawn
+STATISTICS_LOCK = threading.Lock()
 # Validation every epoch; stop after PATIENCE epochs without a better validation loss.
 PATIENCE = 5
 AVERAGE_LAST = 5  # epoch checkpoints averaged
@@ -187,7 +204,7 @@ def evaluate(args, checkpoint, subset, out):
 
 def decode(args, stage, work, model):
     """Valid and test from the averaged checkpoint and valid from the best one (models side by
-    side); test from the best one comes later, alone, for its time."""
+    side); test from the best one comes later, alone, for its time. VARIANTS: valid only."""
     folder = os.path.join(work, "checkpoints", model)
     best = os.path.join(folder, "checkpoint_best.pt")
     if not os.path.isfile(best):
@@ -203,8 +220,29 @@ def decode(args, stage, work, model):
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "averaged.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(os.path.basename(p) for p in last) + "\n")
-        for subset in ("valid", "test"):
+        for subset in ("valid",) if model in VARIANTS else ("valid", "test"):
             evaluate(args, averaged, subset, out)
+
+
+def diagnose(args, stage, work, model):
+    """A memory LSTM's best checkpoint: lstm_gap.read_statistics on valid, and its attention on
+    validation example PLOTTED_EXAMPLE drawn (fairseq-memattn-plot)."""
+    best = os.path.join(work, "checkpoints", model, "checkpoint_best.pt")
+    if not os.path.isfile(best):
+        return
+    data_bin = os.path.join(args.bundle, "data-bin")
+    plot = start([sys.executable, "-m", "fairseq_memattn.cli.plot", data_bin, "--user-dir", compare.PLUGIN,
+                  "--task", "translation", "--source-lang", "en", "--target-lang", "fr", "--path", best,
+                  "--gen-subset", "valid", "--example-id", str(PLOTTED_EXAMPLE), "--beam", "5",
+                  "--post-process", "sentencepiece", *(["--cpu"] if args.cpu else []),
+                  "--output", os.path.join(stage, model, f"attention_valid{PLOTTED_EXAMPLE}.png")],
+                 os.path.join(stage, model, "plot.log"))
+    if "memattn" in model:
+        with STATISTICS_LOCK:  # one model loaded at a time in this process
+            statistics = lstm_gap.read_statistics(best, data_bin)
+        with open(os.path.join(stage, model, "read_statistics.json"), "w", encoding="utf-8") as f:
+            json.dump(statistics, f)
+    wait_all({"plot": plot}, 120)
 
 
 def cuda_tests(stage):
@@ -297,7 +335,8 @@ def run(args):
             conversion = pool.submit(convert, args, stage, args.work, deadline - TIMED_SECONDS)
             list(pool.map(lambda m: decode(args, stage, args.work, m), args.models))
             conversion.result()
-        for model in args.models:  # alone on the machine, for the decoding time
+            list(pool.map(lambda m: diagnose(args, stage, args.work, m), [m for m in args.models if m in LSTM_MODELS]))
+        for model in [m for m in args.models if m not in VARIANTS]:  # alone on the machine, for the decoding time
             best = os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt")
             if os.path.isfile(best) and deadline - time.monotonic() > 15:
                 result = evaluate(args, best, "test", os.path.join(stage, model, "best"))
@@ -389,6 +428,40 @@ def report(args):
                         f"Bible en-fr, GPU: {memory} against {baseline}", curves)
     table = write_table(args, runs, conversion_rows(args.out, runs, references))
     print(table)
+
+
+def lstm_gap_section(folder, runs, data):
+    """The table.md section of the LSTM models on validation: how each stopped, its valid BLEU,
+    repetition and BLEU by source length (lstm_gap.table), and how its memory is read
+    (lstm_gap.read_statistics)."""
+    trained = [m for m in LSTM_MODELS if m in runs and "valid" in runs[m]["checkpoints"].get("best", {})]
+    if not any(m in VARIANTS for m in trained):
+        return []
+    references = lstm_gap.read_lines(os.path.join(data, "ref", "valid.fr"))
+    lengths = [len(line.split()) + 1 for line in lstm_gap.read_lines(os.path.join(data, "bpe", "valid.en"))]
+    outputs = {m: lstm_gap.read_lines(os.path.join(folder, m, "best", "hyp.valid.fr")) for m in trained}
+    lines = ["## The LSTM gap, on validation", "",
+             "lstm_att and lstm_memattn beside variants with one thing changed (`VARIANTS` in "
+             "recipes/bible/converge.py), all trained at once to the same stopping rule; the best checkpoint "
+             "decoded on the validation split (beam 5). Repetition and BLEU by source length "
+             "(`recipes.bible.lstm_gap`):", "", lstm_gap.table(outputs, references, lengths), "",
+             "How each stopped, and how its memory is read (teacher-forced on the first 200 validation "
+             "references; `lstm_gap.read_statistics`):", "",
+             "| model | changed | stopped by | epochs | best valid loss | beta entropy / log K | max beta "
+             "| alpha entropy / log S | alpha similarity |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for model in trained:
+        log_ = runs[model]["log"]
+        statistics_file = os.path.join(folder, model, "read_statistics.json")
+        statistics = {}
+        if os.path.isfile(statistics_file):
+            with open(statistics_file, encoding="utf-8") as f:
+                statistics = json.load(f)
+        changed = " ".join(VARIANTS[model][1]) if model in VARIANTS else ""
+        figures = [f"{statistics[k]:.3f}" if k in statistics else "" for k in
+                   ("beta_entropy", "beta_max", "alpha_entropy", "alpha_similarity")]
+        lines.append(f"| {model} | {changed} | {STOPPED[log_['stopped']]} | {log_['epochs']} | "
+                     f"{log_['best_valid_loss']:.3f} | " + " | ".join(figures) + " |")
+    return lines + ["", f"Attention on validation example {PLOTTED_EXAMPLE}: `MODEL/attention_valid{PLOTTED_EXAMPLE}.png`.", ""]
 
 
 def conversion_rows(folder, runs, references):
@@ -518,7 +591,8 @@ def write_table(args, runs, converted=()):
              "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
-             *conversion_section(converted, "as fairseq-train logged it at that update")]
+             *conversion_section(converted, "as fairseq-train logged it at that update"),
+             *lstm_gap_section(args.out, runs, args.data)]
     tests = os.path.join(args.out, "cuda_tests.log")
     if os.path.isfile(tests):
         summary = [l for l in open(tests, encoding="utf-8").read().splitlines() if l.strip()]
@@ -547,8 +621,8 @@ def main(argv=None):
     r.add_argument("--precision", choices=("fp16", "bf16", "amp"), default="fp16",
                    help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
     r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
-    r.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
-                   help="the models to train (default all four)")
+    r.add_argument("--models", nargs="+", choices=list(MODELS), default=[m for pair in PAIRS.items() for m in pair],
+                   help="the models to train (default the two pairs; VARIANTS on demand)")
     r.add_argument("--smoke-updates", type=int, default=5)
     r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
     r.add_argument("--seed", type=int, default=1)
