@@ -10,6 +10,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from fairseq_memattn.export.graph import FLOAT, Graph  # noqa: E402
+from fairseq_memattn.export import search  # noqa: E402
 from fairseq_memattn.export.search import beam_candidates  # noqa: E402
 
 PAD, EOS, UNK = 1, 2, 3
@@ -56,8 +57,10 @@ def transcription(lprobs, beam, step, min_len, eos_only, unk_penalty, scores, k)
     return chosen_scores, chosen
 
 
+@pytest.mark.parametrize("largest_block", [128, 4])  # one block per hypothesis; several
 @pytest.mark.parametrize("seed", range(4))
-def test_candidates_equal_fairseqs_beam_step(seed):
+def test_candidates_equal_fairseqs_beam_step(seed, largest_block, monkeypatch):
+    monkeypatch.setattr(search, "LARGEST_BLOCK", largest_block)
     rng = np.random.default_rng(seed)
     for _ in range(25):
         vocab, beam, sources = int(rng.integers(5, 40)), int(rng.integers(1, 5)), int(rng.integers(1, 4))

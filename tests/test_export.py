@@ -371,3 +371,19 @@ def test_every_unsupported_option_is_named_at_once():
         check_supported(model)
     assert str(error.value) == ("the export does not support --adaptive-softmax-cutoff, attention with "
                                 "add_bias_kv/add_zero_attn: export a model trained without them")
+
+
+def test_profile_splits_the_time_between_onnx_runtime_and_python(trained, tmp_path):
+    from recipes.speed import profile_export
+
+    _, folder = trained("attention")
+    out = tmp_path / "profile.md"
+    profile_export.main([str(folder), "--source-len", "6", "--target-len", "5", "--sources", "3", "--top", "50",
+                         "--out", str(out)])
+    report = out.read_text()
+    found = re.search(r"under Python's profiler ([\d.]+) s, of which ([\d.]+) s in ONNX Runtime's run calls and "
+                      r"([\d.]+) s in the Python beam search", report)
+    total, runtime, python = map(float, found.groups())
+    assert runtime > 0 and python >= 0 and abs(total - runtime - python) <= 0.0011  # rounded to 1 ms each
+    decoder = report[report.index("**decoder.onnx**"):]
+    assert "| TopK |" in decoder and "| LogSoftmax |" in decoder  # the candidate choice runs in the graph

@@ -119,6 +119,8 @@ class Graph:
     def linear(self, x: str, module, bias: bool = True) -> str:
         """x W^T + b of an nn.Linear (W stored transposed, as MatMul wants it)."""
         y = self.product(x, as_array(module.weight).T)
+        # A separate Add: MatMulIntegerToFloat's own bias input gives wrong sums with a per-row
+        # a_scale (onnxruntime 1.32).
         if bias and module.bias is not None:
             y = self.op("Add", y, self.weight(module.bias, "bias"))
         return y

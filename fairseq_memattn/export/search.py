@@ -13,14 +13,29 @@ Inputs, set by the translator each step (deploy/translator.py):
 
 Outputs: ``candidate_scores`` and ``candidate_indices`` (sources x candidates), the best
 (hypothesis, token) pairs of each source, best first, index = hypothesis x V + token. ONNX's TopK
-breaks ties to the lower index, as a stable sort. fairseq sets NaN log-probabilities to -inf; a
-row of LogSoftmax with a NaN is NaN or -inf throughout (a NaN or +inf logit, or all -inf, makes its
-normalizer NaN), so the graph sets such rows to -inf whole, and tests for them on one sum per row.
+breaks ties to the lower index, as a stable sort. fairseq sets NaN log-probabilities to -inf; so
+does the graph, on the few values the choice below reads (a row of LogSoftmax with a NaN is NaN or
+-inf throughout, so a block whose maximum is NaN hides no finite score).
+
+The choice reads the N x V scores twice, not in a TopK over each source's beam x V: ONNX
+Runtime's TopK takes about 2 ns a value, more than the rest of the step's search together. The
+vocabulary is cut into blocks of ``block_size(V)`` entries; the ``candidates`` blocks of a source with
+the largest maxima hold its ``candidates`` best scores (a score outside them has at least that many
+block maxima, each a distinct score, at or above it), and a TopK over those blocks, kept in index
+order so that ties still go to the lower index, is fairseq's choice.
 """
 
 import numpy as np
 
 from .graph import FLOAT, INT64, Graph
+
+
+LARGEST_BLOCK = 128
+
+
+def block_size(vocab: int) -> int:
+    """The largest divisor of V up to LARGEST_BLOCK (fairseq pads dictionaries to a multiple of 8)."""
+    return max(d for d in range(1, min(LARGEST_BLOCK, vocab) + 1) if vocab % d == 0)
 
 
 def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
@@ -31,11 +46,29 @@ def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     k = g.input("candidates", INT64, [1])
     last = g.const([-1], np.int64)
     lprobs = g.op("LogSoftmax", logits, axis=-1)
-    has_nan = g.op("IsNaN", g.op("ReduceSum", lprobs, last, keepdims=1))  # N x 1
     total = g.op("Add", g.op("Add", lprobs, g.op("Gather", edits, edit_rows, axis=0)), g.op("Unsqueeze", scores, last))
-    total = g.op("Where", has_nan, g.const(-np.inf), total)
-    width = g.op("Mul", beam, g.const([vocab], np.int64))
-    per_source = g.op("Reshape", total, g.op("Concat", last, width, axis=0))
-    values, indices = g.op("TopK", per_source, k, axis=-1, largest=1, sorted=1, outputs=2)
+    # The best blocks of each source, in index order.
+    size = block_size(vocab)
+    source_width = g.op("Mul", beam, g.const([vocab // size], np.int64))  # blocks per source
+    per_source = g.op("Concat", last, source_width, g.const([size], np.int64), axis=0)
+    blocks = g.op("Reshape", total, per_source)  # sources x beam V/size x size
+    maxima = without_nan(g, g.op("ReduceMax", blocks, axes=[-1], keepdims=0))
+    k_blocks = g.op("Min", k, source_width)  # all of them where a source has fewer than k
+    _, chosen = g.op("TopK", maxima, k_blocks, axis=-1, largest=1, sorted=1, outputs=2)
+    chosen_in_order = g.op("Neg", g.op("TopK", g.op("Neg", chosen), k_blocks, axis=-1, largest=1, sorted=1,
+                                       outputs=2)[0])
+    # Their entries, and the best of those, as (hypothesis x V + token).
+    picked = g.op("GatherElements", blocks, g.op("Expand", g.op("Unsqueeze", chosen_in_order, last),
+                                                 g.op("Concat", g.op("Shape", chosen_in_order),
+                                                      g.const([size], np.int64), axis=0)), axis=1)
+    flat = without_nan(g, g.op("Reshape", picked, g.op("Concat", g.op("Shape", chosen_in_order, end=1), last, axis=0)))
+    values, positions = g.op("TopK", flat, k, axis=-1, largest=1, sorted=1, outputs=2)
+    block = g.op("GatherElements", chosen_in_order, g.op("Div", positions, g.const(size, np.int64)), axis=1)
+    indices = g.op("Add", g.op("Mul", block, g.const(size, np.int64)), g.op("Mod", positions, g.const(size, np.int64)))
     g.output(values, "candidate_scores", FLOAT, ["sources", "candidates"])
     g.output(indices, "candidate_indices", INT64, ["sources", "candidates"])
+
+
+def without_nan(g: Graph, values: str) -> str:
+    """NaN made -inf, as fairseq does with its log-probabilities."""
+    return g.op("Where", g.op("IsNaN", values), g.const(-np.inf), values)
