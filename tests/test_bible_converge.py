@@ -36,7 +36,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     with tarfile.open(out / converge.ARCHIVE) as tar:
         names = set(tar.getnames())
-    for model in converge.MODELS:
+    for model in converge.PAIR_MODELS:
         for name in ("command.txt", "train.log", "smoke.log", "best/hyp.test.fr", "best/hyp.valid.fr",
                      "average/hyp.test.fr", "average/hyp.valid.fr", "average/averaged.txt"):
             assert f"converged/{model}/{name}" in names
@@ -50,7 +50,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
     assert reported.returncode == 0, reported.stderr[-3000:]
     table = (results / "table.md").read_text()
-    for model in converge.MODELS:
+    for model in converge.PAIR_MODELS:
         row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         # The toy run had no GPU: its machine.txt names none.

@@ -65,6 +65,7 @@ VARIANTS = {
 }
 MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})
 GPU_BATCH.update({name: GPU_BATCH[model] for name, (model, _) in VARIANTS.items()})
+PAIR_MODELS = [model for pair in PAIRS.items() for model in pair]  # what run trains by default
 LSTM_MODELS = ("lstm_att", "lstm_memattn", *VARIANTS)
 PLOTTED_EXAMPLE = 5  # the validation example whose attention is drawn
 STATISTICS_LOCK = threading.Lock()
@@ -621,7 +622,7 @@ def main(argv=None):
     r.add_argument("--precision", choices=("fp16", "bf16", "amp"), default="fp16",
                    help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
     r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
-    r.add_argument("--models", nargs="+", choices=list(MODELS), default=[m for pair in PAIRS.items() for m in pair],
+    r.add_argument("--models", nargs="+", choices=list(MODELS), default=PAIR_MODELS,
                    help="the models to train (default the two pairs; VARIANTS on demand)")
     r.add_argument("--smoke-updates", type=int, default=5)
     r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
