@@ -382,8 +382,7 @@ WHEELS = ["ve-fairseq==0.12.3", "hydra-core==1.3.8", "omegaconf==2.3.1", "bitarr
 def score(hypotheses_path, references):
     import sacrebleu
 
-    with open(hypotheses_path, encoding="utf-8") as f:
-        hypotheses = [line.rstrip("\n") for line in f]
+    hypotheses = lstm_gap.read_lines(hypotheses_path)
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
     return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
             "chrf": chrf.corpus_score(hypotheses, [references]).score,
@@ -427,25 +426,23 @@ def report(args):
         if curves:
             plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
                         f"Bible en-fr, GPU: {memory} against {baseline}", curves)
-    table = write_table(args, runs, conversion_rows(args.out, runs, references))
+    table = write_table(args, runs, references, conversion_rows(args.out, runs, references))
     print(table)
 
 
-def lstm_gap_section(folder, runs, data):
-    """The table.md section of the LSTM models on validation: how each stopped, its valid BLEU,
-    repetition and BLEU by source length (lstm_gap.table), and how its memory is read
-    (lstm_gap.read_statistics)."""
+def lstm_gap_section(folder, runs, data, references):
+    """The table.md section of the LSTM models on validation (REFERENCES: its lines): how each
+    stopped, its valid BLEU, repetition and BLEU by source length (lstm_gap.table), and how its
+    memory is read (lstm_gap.read_statistics)."""
     trained = [m for m in LSTM_MODELS if m in runs and "valid" in runs[m]["checkpoints"].get("best", {})]
     if not any(m in VARIANTS for m in trained):
         return []
-    references = lstm_gap.read_lines(os.path.join(data, "ref", "valid.fr"))
-    lengths = [len(line.split()) + 1 for line in lstm_gap.read_lines(os.path.join(data, "bpe", "valid.en"))]
     outputs = {m: lstm_gap.read_lines(os.path.join(folder, m, "best", "hyp.valid.fr")) for m in trained}
     lines = ["## The LSTM gap, on validation", "",
              "lstm_att and lstm_memattn beside variants with one thing changed (`VARIANTS` in "
              "recipes/bible/converge.py), all trained at once to the same stopping rule; the best checkpoint "
              "decoded on the validation split (beam 5). Repetition and BLEU by source length "
-             "(`recipes.bible.lstm_gap`):", "", lstm_gap.table(outputs, references, lengths), "",
+             "(`recipes.bible.lstm_gap`):", "", lstm_gap.table(outputs, references, lstm_gap.source_lengths(data, "valid")), "",
              "How each stopped, and how its memory is read (teacher-forced on the first 200 validation "
              "references; `lstm_gap.read_statistics`):", "",
              "| model | changed | stopped by | epochs | best valid loss | beta entropy / log K | max beta "
@@ -514,11 +511,7 @@ def conversion_section(rows, valid_loss_source):
 
 def read_references(data):
     """{subset: reference lines} of valid and test, from prepare's DATA/ref/."""
-    references = {}
-    for subset in ("valid", "test"):
-        with open(os.path.join(data, "ref", f"{subset}.fr"), encoding="utf-8") as f:
-            references[subset] = [line.rstrip("\n") for line in f]
-    return references
+    return {subset: lstm_gap.read_lines(os.path.join(data, "ref", f"{subset}.fr")) for subset in ("valid", "test")}
 
 
 def compress_outputs(folder):
@@ -576,7 +569,7 @@ def pair_rows(runs, device):
     return rows, signatures
 
 
-def write_table(args, runs, converted=()):
+def write_table(args, runs, references, converted=()):
     machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
     rows, signatures = pair_rows(runs, "GPU" if any(l.startswith("gpu ") for l in machine) else "CPU")
     lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
@@ -593,7 +586,7 @@ def write_table(args, runs, converted=()):
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              *conversion_section(converted, "as fairseq-train logged it at that update"),
-             *lstm_gap_section(args.out, runs, args.data)]
+             *lstm_gap_section(args.out, runs, args.data, references["valid"])]
     tests = os.path.join(args.out, "cuda_tests.log")
     if os.path.isfile(tests):
         summary = [l for l in open(tests, encoding="utf-8").read().splitlines() if l.strip()]
@@ -619,7 +612,7 @@ def main(argv=None):
     r.add_argument("--minutes", type=float, default=8.0, help="the whole command's wall clock (default 8)")
     r.add_argument("--decode-minutes", type=float, default=2.5,
                    help="kept for decoding after training (default 2.5)")
-    r.add_argument("--precision", choices=("fp16", "bf16", "amp"), default="fp16",
+    r.add_argument("--precision", choices=[d for d in compare.DEVICES if d != "cpu"], default="fp16",
                    help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
     r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
     r.add_argument("--models", nargs="+", choices=list(MODELS), default=PAIR_MODELS,

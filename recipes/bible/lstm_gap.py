@@ -108,6 +108,11 @@ def read_lines(path):
         return [line.rstrip("\n") for line in f]
 
 
+def source_lengths(data, subset):
+    """Each source's length in BPE tokens, EOS included, from prepare's DATA/bpe/SUBSET.en."""
+    return [len(line.split()) + 1 for line in read_lines(f"{data}/bpe/{subset}.en")]
+
+
 def table(outputs, references, source_lengths):
     """The markdown table of ``outputs`` ({label: hypothesis lines}) and the reference."""
     bands = [band for band in BANDS if any(band[0] <= n <= band[1] for n in source_lengths)]
@@ -144,8 +149,7 @@ def main(argv=None):
                    help="a hypothesis file (detokenised, one line per source, in order); repeatable")
     args = p.parse_args(argv)
     references = read_lines(f"{args.data}/ref/{args.subset}.fr")
-    source_lengths = [len(line.split()) + 1 for line in read_lines(f"{args.data}/bpe/{args.subset}.en")]  # + EOS
-    print(table({label: read_lines(path) for label, path in args.hyp}, references, source_lengths))
+    print(table({label: read_lines(path) for label, path in args.hyp}, references, source_lengths(args.data, args.subset)))
 
 
 if __name__ == "__main__":
