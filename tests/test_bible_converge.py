@@ -84,6 +84,35 @@ def test_broken_environment_fails_in_the_smoke_step(own_pair_recipe, tmp_path):
     assert (tmp_path / "out" / converge.ARCHIVE).exists()  # the logs come back even so
 
 
+def test_run_refuses_a_work_folder_an_earlier_run_left(tmp_path):
+    (tmp_path / "w" / "checkpoints" / "transformer").mkdir(parents=True)  # fairseq-train would resume these
+    ran = driver("run", "--bundle", str(tmp_path), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
+                 "--cpu", timeout=120)
+    assert ran.returncode == 2 and "--work" in ran.stdout and "not empty" in ran.stdout
+
+
+def test_a_decoding_still_running_at_the_deadline_is_killed(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from recipes.wmt17 import run as wmt17_run
+
+    (tmp_path / "data-bin").mkdir()
+    (tmp_path / "data-bin" / "dict.fr.txt").write_text("a 1\n")
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "valid.fr").write_text("a\n")
+    (tmp_path / "checkpoint.pt").write_text("")
+    hanging = tmp_path / "fairseq-generate"
+    hanging.write_text("#!/bin/sh\nexec sleep 60\n")
+    hanging.chmod(0o755)
+    monkeypatch.setattr(wmt17_run, "fairseq_tool", lambda name: str(hanging))
+    args = Namespace(bundle=str(tmp_path), cpu=True, generate_args="", deadline=converge.time.monotonic() + 6)
+    started = converge.time.monotonic()
+    assert converge.evaluate(args, str(tmp_path / "checkpoint.pt"), "valid", str(tmp_path / "out")) is None
+    assert converge.time.monotonic() - started < 15
+    args.deadline = converge.time.monotonic() + 1  # too little time left: not started at all
+    assert converge.evaluate(args, str(tmp_path / "checkpoint.pt"), "valid", str(tmp_path / "out")) is None
+
+
 def scored(valid_best, valid_average):
     return {"checkpoints": {"best": {"valid": {"bleu": valid_best}},
                             "average": {"valid": {"bleu": valid_average}}}}

@@ -192,12 +192,22 @@ def epoch_checkpoints(folder):
 
 
 def evaluate(args, checkpoint, subset, out):
+    """CHECKPOINT decoded on SUBSET into OUT; None where args.deadline (time.monotonic(), or None)
+    comes first, so that the archive is still written in time."""
     from recipes.wmt17 import run as wmt17_run
 
     # wmt17_run's beam 10 and batches of 64 overridden; --fp16 on a GPU, --cpu otherwise.
     generate = ["--beam", "5", "--batch-size", "128", *shlex.split(args.generate_args)]
-    result = wmt17_run.evaluate("en-fr", checkpoint, args.bundle, subset, out, 0 if args.cpu else 1, 1,
-                                generate)
+    left = None if args.deadline is None else args.deadline - time.monotonic()
+    if left is not None and left < 5:
+        log(f"no time left to decode {checkpoint} on {subset}")
+        return None
+    try:
+        result = wmt17_run.evaluate("en-fr", checkpoint, args.bundle, subset, out, 0 if args.cpu else 1, 1,
+                                    generate, timeout=left)
+    except TimeoutError as e:
+        log(str(e))
+        return None
     with open(os.path.join(out, f"evaluate.{subset}.json"), "w", encoding="utf-8") as f:
         json.dump(result, f)
     return result
@@ -276,6 +286,8 @@ def convert(args, stage, work, deadline):
     updates beside the transformer continued as long, then the converted model and each fine-tuned
     checkpoint decoded on test. What still runs at DEADLINE (time.monotonic()) is killed."""
     source = os.path.join(work, "checkpoints", "transformer", "checkpoint_best.pt")
+    if "transformer" not in args.models:
+        return
     if not os.path.isfile(source):
         log("transformer: no checkpoint_best.pt, nothing to convert")
         return
@@ -313,9 +325,14 @@ def convert(args, stage, work, deadline):
 
 def run(args):
     begun = time.monotonic()
-    deadline = begun + args.minutes * 60 - 30  # the archive is written in the last 30 s
+    deadline = args.deadline = begun + args.minutes * 60 - 30  # the archive is written in the last 30 s
+    # A fresh folder: fairseq-train resumes from checkpoints it finds, and a machine may keep /tmp.
+    if args.work is None:
+        args.work = tempfile.mkdtemp(prefix="converge-")
+    elif os.path.isdir(args.work) and os.listdir(args.work):
+        log(f"error: --work {args.work} is not empty (an earlier run's checkpoints would be resumed)")
+        return 2
     stage = os.path.join(args.work, "converged")
-    shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
     os.makedirs(args.out, exist_ok=True)
     try:
@@ -339,8 +356,8 @@ def run(args):
             list(pool.map(lambda m: diagnose(args, stage, args.work, m), [m for m in args.models if m in LSTM_MODELS]))
         for model in [m for m in args.models if m not in VARIANTS]:  # alone on the machine, for the decoding time
             best = os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt")
-            if os.path.isfile(best) and deadline - time.monotonic() > 15:
-                result = evaluate(args, best, "test", os.path.join(stage, model, "best"))
+            result = evaluate(args, best, "test", os.path.join(stage, model, "best")) if os.path.isfile(best) else None
+            if result:
                 log(f"{model}: test BLEU {result['bleu']} in {result['decoding_seconds']} s")
         if tests is not None:
             code = wait_all({"tests": tests}, max(1.0, deadline - time.monotonic()))
@@ -608,7 +625,8 @@ def main(argv=None):
     r = sub.add_parser("run", help="there: smoke, train, decode, archive")
     r.add_argument("--bundle", default=default_bundle)
     r.add_argument("--out", required=True, help=f"where {ARCHIVE} goes")
-    r.add_argument("--work", default="/tmp/converge", help="checkpoints and the archive's staging")
+    r.add_argument("--work", help="checkpoints and the archive's staging: an empty or new folder "
+                                  "(default a new temporary one)")
     r.add_argument("--minutes", type=float, default=8.0, help="the whole command's wall clock (default 8)")
     r.add_argument("--decode-minutes", type=float, default=2.5,
                    help="kept for decoding after training (default 2.5)")

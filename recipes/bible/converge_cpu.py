@@ -90,7 +90,7 @@ def decode(args, model):
     folder = os.path.join(args.out, "cpu", model)
     if decoded(folder):
         return
-    settings = Namespace(bundle=args.data, cpu=True, generate_args="")
+    settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
     converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
     converge.evaluate(settings, os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt"), "test",
                       os.path.join(folder, "best"))

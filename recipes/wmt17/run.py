@@ -26,7 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import sacrebleu
 
@@ -163,7 +163,9 @@ def decoding_stats(log: str) -> Tuple[float, float]:
 
 
 def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus: int,
-             runs: int, extra: List[str]) -> dict:
+             runs: int, extra: List[str], timeout: Optional[float] = None) -> dict:
+    """fairseq-generate on SUBSET, RUNS times (the decoding time is their mean), scored with
+    sacreBLEU; a run still going after TIMEOUT seconds is killed and raises TimeoutError."""
     src, tgt = check_pair(pair)
     if not os.path.isfile(checkpoint):
         raise DataError(f"checkpoint {checkpoint} does not exist")
@@ -179,7 +181,10 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
     print(shlex.join(command), flush=True)
     seconds, tokens = [], float("nan")
     for _ in range(runs):
-        result = subprocess.run(command, capture_output=True, text=True)
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"fairseq-generate on {checkpoint} ({subset}) did not finish within {timeout:.0f} s")
         if result.returncode != 0:
             sys.stderr.write(result.stderr)
             raise SystemExit(f"wmt17 evaluate: fairseq-generate failed (exit {result.returncode})")
