@@ -17,9 +17,10 @@ memory attention. OUT holds encoder.onnx (source -> what the decoder reads, proj
 source, and alpha of Eq. 4-5 for alignments), decoder.onnx (one decoder step with its cache,
 ending in the beam search's choice of candidates), config.json, the dictionaries and, when
 there is one, the sentencepiece model; fairseq-memattn-translate and fairseq-memattn-serve
-translate with it. --quantize int8: ONNX Runtime's dynamic int8 quantization of every matrix
-product with a constant weight. Needs the optional extra deploy
-(pip install "fairseq_memattn[deploy]").
+translate with it. --quantize int8: every matrix product with a constant weight in int8, the
+weight scaled per output column and the input per row, so that a sentence gets the same
+translation in any batch, and the embedding tables in int8; an LSTM stays float32. Needs the
+optional extra deploy (pip install "fairseq_memattn[deploy]").
 """
 
 
@@ -29,7 +30,7 @@ def parse_args(argv=None):
     parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
     parser.add_argument("out", help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
-    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the weights")
+    parser.add_argument("--quantize", choices=["int8"], help="int8 products (weights per column, inputs per row) and embeddings")
     parser.add_argument("--force", action="store_true",
                         help="export into a folder that is not empty, replacing an earlier export's files")
     parser.add_argument("--sentencepiece-model", help="copy this sentencepiece model into OUT "
