@@ -116,6 +116,8 @@ class Translator:
             rows = np.flatnonzero(lengths == length)
             tokens = src_tokens[rows][:, width - length:] if left else src_tokens[rows][:, :length]
             step = max(1, self.encoder_tokens_per_run // int(length))
+            if step >= len(rows) == len(src_tokens) and length == width:  # one run of the whole batch, as it is
+                return dict(zip(outputs, self.encoder.run(None, {"src_tokens": tokens})))
             for start in range(0, len(rows), step):
                 run = self.encoder.run(None, {"src_tokens": tokens[start: start + step]})
                 for (name, source_axis), value in zip(outputs.items(), run):

@@ -45,22 +45,29 @@ def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     beam = g.input("beam", INT64, [1])
     k = g.input("candidates", INT64, [1])
     last = g.const([-1], np.int64)
-    lprobs = g.op("LogSoftmax", logits, axis=-1)
-    total = g.op("Add", g.op("Add", lprobs, g.op("Gather", edits, edit_rows, axis=0)), g.op("Unsqueeze", scores, last))
-    # The best blocks of each source, in index order.
+    edited = g.op("Add", g.op("LogSoftmax", logits, axis=-1), g.op("Gather", edits, edit_rows, axis=0))
+    # The best blocks of each source, in index order. A hypothesis's score is added to its blocks'
+    # maxima and to the chosen blocks' entries only: max(a_i) + s is max(a_i + s) in floating point too.
     size = block_size(vocab)
-    source_width = g.op("Mul", beam, g.const([vocab // size], np.int64))  # blocks per source
+    hypothesis_blocks = g.const([vocab // size], np.int64)
+    source_width = g.op("Mul", beam, hypothesis_blocks)  # blocks per source
     per_source = g.op("Concat", last, source_width, g.const([size], np.int64), axis=0)
-    blocks = g.op("Reshape", total, per_source)  # sources x beam V/size x size
-    maxima = without_nan(g, g.op("ReduceMax", blocks, axes=[-1], keepdims=0))
+    blocks = g.op("Reshape", edited, per_source)  # sources x beam V/size x size
+    source_scores = g.op("Reshape", scores, g.op("Concat", last, beam, axis=0))  # sources x beam
+    maxima = g.op("Reshape", g.op("ReduceMax", blocks, axes=[-1], keepdims=0),
+                  g.op("Concat", last, beam, hypothesis_blocks, axis=0))  # sources x beam x V/size
+    maxima = g.op("Add", maxima, g.op("Unsqueeze", source_scores, last))
+    maxima = without_nan(g, g.op("Reshape", maxima, g.op("Concat", last, source_width, axis=0)))
     k_blocks = g.op("Min", k, source_width)  # all of them where a source has fewer than k
     _, chosen = g.op("TopK", maxima, k_blocks, axis=-1, largest=1, sorted=1, outputs=2)
     chosen_in_order = g.op("Neg", g.op("TopK", g.op("Neg", chosen), k_blocks, axis=-1, largest=1, sorted=1,
                                        outputs=2)[0])
-    # Their entries, and the best of those, as (hypothesis x V + token).
+    # Their entries plus their hypothesis's score, and the best of those, as (hypothesis x V + token).
     picked = g.op("GatherElements", blocks, g.op("Expand", g.op("Unsqueeze", chosen_in_order, last),
                                                  g.op("Concat", g.op("Shape", chosen_in_order),
                                                       g.const([size], np.int64), axis=0)), axis=1)
+    chosen_scores = g.op("GatherElements", source_scores, g.op("Div", chosen_in_order, hypothesis_blocks), axis=1)
+    picked = g.op("Add", picked, g.op("Unsqueeze", chosen_scores, last))
     flat = without_nan(g, g.op("Reshape", picked, g.op("Concat", g.op("Shape", chosen_in_order, end=1), last, axis=0)))
     values, positions = g.op("TopK", flat, k, axis=-1, largest=1, sorted=1, outputs=2)
     block = g.op("GatherElements", chosen_in_order, g.op("Div", positions, g.const(size, np.int64)), axis=1)
