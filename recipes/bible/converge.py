@@ -10,10 +10,11 @@ GPU machine without network.
 
 ``run`` first trains every model for a few updates (a broken environment fails in a minute), then
 trains the four concurrently with --patience on validation loss and a wall-clock cap
-(--stop-time-hours) that leaves time to decode; runs the CUDA-only tests meanwhile; decodes valid and
-test with beam 5 from the best checkpoint and from the average of the last epochs' checkpoints; and
-times the test decoding of each best checkpoint alone. What comes back is one archive: each run's
-command, train.log and hypotheses, the tests' summary and the machine. Checkpoints stay in --work.
+(--stop-time-hours) that leaves time to decode; runs the CUDA-only tests meanwhile (unless
+--no-cuda-tests); decodes valid and test with beam 5 from the best checkpoint and from the average
+of the last epochs' checkpoints; and times the test decoding of each best checkpoint alone. What
+comes back is one archive: each run's command, train.log and hypotheses, the tests' summary and the
+machine. Checkpoints stay in --work.
 ``report`` scores the archive here (sacreBLEU BLEU and chrF), takes the averaged checkpoint for a
 pair only where it beats the best one on validation for both models, and writes table.md and one
 curve plot per pair.
@@ -340,7 +341,7 @@ def run(args):
         log(f"smoke: {args.smoke_updates} updates per model")
         if not smoke(args, stage, args.work):
             return 1
-        tests = cuda_tests(stage)
+        tests = None if args.no_cuda_tests else cuda_tests(stage)
         seconds = args.minutes * 60 - (time.monotonic() - begun) - args.decode_minutes * 60
         if seconds < 60:
             log(f"only {seconds:.0f} s left for training: raise --minutes or lower --decode-minutes")
@@ -635,6 +636,8 @@ def main(argv=None):
     r.add_argument("--cpu", action="store_true", help="no GPU (the driver's own test)")
     r.add_argument("--models", nargs="+", choices=list(MODELS), default=PAIR_MODELS,
                    help="the models to train (default the two pairs; VARIANTS on demand)")
+    r.add_argument("--no-cuda-tests", action="store_true",
+                   help="skip the CUDA-only tests that otherwise run beside the training")
     r.add_argument("--smoke-updates", type=int, default=5)
     r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
     r.add_argument("--seed", type=int, default=1)
