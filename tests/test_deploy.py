@@ -296,6 +296,7 @@ def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
         "duplicate-symbol": (append("dict.target.txt", "3 1\n"), "dict.target.txt: line 11: duplicate symbol '3'"),
         "swapped-graphs": (swap_graphs, "encoder.onnx: no input 'src_tokens' (its inputs: prev_tokens, step"),
         "eos-outside": (edit_config(eos=14), "config.json: eos is 14, outside dict.target.txt's 14 symbols (0..13)"),
+        "unk-not-special": (edit_config(unk=5), "config.json: unk is 5, expected one of the first 4 target symbols"),
         "pad-type": (edit_config(source_pad="1"), "config.json: source_pad is '1', expected an integer >= 0"),
     }
     for name, (change, message) in cases.items():

@@ -5,6 +5,7 @@ import json
 import os
 
 from .exceptions import ModelFolderError
+from .search import EDITED_COLUMNS
 
 # config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
 FORMAT_VERSIONS = (2,)
@@ -74,10 +75,16 @@ def check_types(config: dict, path: str) -> None:
 
 
 def check_symbols(config: dict, path: str, source_symbols: int, target_symbols: int) -> None:
-    """The special symbols' ids in config.json are rows of the dictionaries."""
+    """The special symbols' ids in config.json are rows of the dictionaries, the target's among its
+    first EDITED_COLUMNS."""
     for keys, size, name in ((TARGET_SYMBOLS, target_symbols, "dict.target.txt"),
                              (SOURCE_SYMBOLS, source_symbols, "dict.source.txt")):
         for key in keys:
             if config[key] >= size:
                 raise ModelFolderError(f"{path}: {key} is {config[key]}, outside {name}'s {size} symbols "
                                        f"(0..{size - 1})")
+    for key in TARGET_SYMBOLS:
+        if config[key] >= EDITED_COLUMNS:
+            raise ModelFolderError(f"{path}: {key} is {config[key]}, expected one of the first {EDITED_COLUMNS} "
+                                   f"target symbols (0..{EDITED_COLUMNS - 1}), where fairseq's Dictionary puts "
+                                   "its special symbols")

@@ -8,6 +8,10 @@ from typing import Callable, List
 import numpy as np
 
 NEG_INF = np.float32(-np.inf)
+# The edits of the log-probabilities set each of these first target symbols on its own and every
+# other symbol of a row alike (export/search.py relies on it): fairseq's Dictionary puts <s>,
+# <pad>, </s> and <unk> there.
+EDITED_COLUMNS = 4
 
 
 class Candidates:
@@ -158,7 +162,7 @@ class BeamSearch:
 
 def edit_table(vocab: int, eos: int, pad: int, unk: int, unk_penalty: float) -> np.ndarray:
     """export/search.py's edits of the log-probabilities: after --min-len (row 0), before it (1),
-    at the maximum length (2)."""
+    at the maximum length (2). From column EDITED_COLUMNS on, each row is one value."""
     lprob_edits = np.zeros((3, vocab), np.float32)
     lprob_edits[:2, pad] = NEG_INF
     lprob_edits[:2, unk] = -unk_penalty
