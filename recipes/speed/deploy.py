@@ -15,10 +15,11 @@ transformer_memattn with --memory-k (attention read, shared memory). Each is sav
 sources of exactly |S| symbols, beam --beam, every output forced to |T| tokens (minimum = maximum
 length), so all engines decode |T| + 1 steps; seconds of the whole translation (encoder included,
 model loading excluded), median of --repeats (fewer once a cell has taken --cell-seconds) after a
-warm-up on one source. Each engine and thread count runs in its own process, whose peak resident
-memory (ru_maxrss, model loading included) is reported; so is the GEMM backend CTranslate2 picked
-on this CPU (MKL on Intel, oneDNN elsewhere). Needs the optional extra deploy (onnx, onnxruntime) and
-ctranslate2.
+warm-up on one source; with --rounds R the grid is measured R times, engine after engine, and each
+cell reports the median of its rounds. Each engine and thread count runs in its own process, whose
+peak resident memory (ru_maxrss, model loading included) is reported; so is the GEMM backend
+CTranslate2 picked on this CPU (MKL on Intel, oneDNN elsewhere). Needs the optional extra deploy
+(onnx, onnxruntime) and ctranslate2.
 
 With --trained TRANSFORMER.pt MEMATTN.pt --data DIR the engines run trained checkpoints instead (a
 fairseq `transformer` and a `transformer_memattn` with the same dictionaries, e.g. the Bible
@@ -83,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--out", help="write the markdown here (and the plot beside it, .png)")
     p.add_argument("--rows", help="JSON lines of measured rows: read, and appended to cell by cell; a cell "
                                   "already there is not measured again (a long grid in several runs)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure the grid this many times, every engine in turn each round, and report "
+                        "each cell's median over the rounds: the machine's drift then falls on all engines")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -374,9 +378,9 @@ def plot(rows, args, path):
     fig.savefig(path, dpi=120)
 
 
-def measure(engine, threads, folder, todo, argv, rows_path):
-    """Run one engine's worker process on the cells todo; its rows, each appended to rows_path as
-    it arrives (an interrupted grid resumes at the next cell)."""
+def measure(engine, threads, folder, todo, argv, rows_path, round_=0):
+    """Run one engine's worker process on the cells todo; its rows (marked with the round), each
+    appended to rows_path as it arrives (an interrupted grid resumes at the next cell)."""
     passed = list(argv if argv is not None else sys.argv[1:])
     spec = ";".join(f"{s},{t}" for s, t in todo)
     worker = subprocess.Popen([sys.executable, __file__, *passed, "--worker", f"{engine}:{threads}:{folder}:{spec}"],
@@ -384,7 +388,7 @@ def measure(engine, threads, folder, todo, argv, rows_path):
                               env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
     measured = []
     for line in worker.stdout:
-        row = json.loads(line)
+        row = {**json.loads(line), "round": round_}
         measured.append(row)
         if rows_path:
             with open(rows_path, "a") as f:
@@ -396,6 +400,16 @@ def measure(engine, threads, folder, todo, argv, rows_path):
     return measured
 
 
+def median_over_rounds(rows):
+    """One row per engine, thread count and cell: the median of its rounds' seconds, the largest
+    peak memory."""
+    by_cell = {}
+    for row in rows:
+        by_cell.setdefault((row["engine"], row["threads"], row["S"], row["T"]), []).append(row)
+    return [{**same[0], "seconds": statistics.median(r["seconds"] for r in same),
+             "peak_mib": max(r["peak_mib"] for r in same), "rounds": len(same)} for same in by_cell.values()]
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -405,12 +419,15 @@ def main(argv=None):
     if args.rows and os.path.exists(args.rows):
         with open(args.rows) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-    for threads in args.threads:
-        for engine in args.engines:
-            done = {(r["S"], r["T"]) for r in rows if r["engine"] == engine and r["threads"] == threads}
-            todo = [cell for cell in cells(args) if cell not in done]
-            if todo:
-                rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows)
+    for round_ in range(args.rounds):
+        for threads in args.threads:
+            for engine in args.engines:
+                done = {(r["S"], r["T"]) for r in rows
+                        if r["engine"] == engine and r["threads"] == threads and r.get("round", 0) == round_}
+                todo = [cell for cell in cells(args) if cell not in done]
+                if todo:
+                    rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows, round_)
+    rows = median_over_rounds(rows)
     command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
               + (f"Models: {' and '.join(args.trained)}, trained; the test split of {args.data}. " if args.trained else

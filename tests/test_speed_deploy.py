@@ -1,0 +1,18 @@
+"""recipes/speed/deploy.py's bookkeeping (the timings themselves need CTranslate2 and run by hand)."""
+
+from recipes.speed.deploy import median_over_rounds
+
+
+def test_each_cell_reports_the_median_of_its_rounds():
+    def row(engine, seconds, round_, peak=100.0, source_len=10):
+        return {"engine": engine, "threads": 1, "S": source_len, "T": source_len, "seconds": seconds,
+                "peak_mib": peak, "output_tokens": 640, "round": round_}
+
+    rows = [row("ct2-int8", 0.30, 0), row("onnx-int8", 0.25, 0), row("ct2-int8", 0.18, 1, peak=120.0),
+            row("onnx-int8", 0.40, 1), row("ct2-int8", 0.20, 2), row("onnx-int8", 0.27, 2),
+            row("onnx-int8", 0.50, 0, source_len=20)]
+    merged = {(r["engine"], r["S"]): r for r in median_over_rounds(rows)}
+    assert len(merged) == 3
+    assert merged[("ct2-int8", 10)]["seconds"] == 0.20 and merged[("ct2-int8", 10)]["peak_mib"] == 120.0
+    assert merged[("onnx-int8", 10)]["seconds"] == 0.27 and merged[("onnx-int8", 10)]["rounds"] == 3
+    assert merged[("onnx-int8", 20)]["seconds"] == 0.50 and merged[("onnx-int8", 20)]["rounds"] == 1
