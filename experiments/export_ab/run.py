@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from fairseq_memattn.deploy.translator import Translator, default_session_options
+from recipes.speed.profile_export import forced_batch
 
 
 def main(argv=None):
@@ -31,9 +32,7 @@ def main(argv=None):
     print(f"{args.sources} sources, beam {args.beam}, {args.threads} thread(s), median of {args.repeats}\n")
     print("| \\|S\\| = \\|T\\| | before | after | after / before |\n|---:|---:|---:|---:|")
     for length in args.lengths:
-        src = rng.integers(4, len(translators[0].src_dict), size=(args.sources, length))
-        src[:, -1] = translators[0].config["source_eos"]
-        options = dict(beam=args.beam, min_len=length, max_len_a=0, max_len_b=length)
+        src, options = forced_batch(translators[0], rng, args.sources, length, length, args.beam)
         seconds = [[], []]
         for translator in translators:
             translator.generate(src[:2], **options)  # warm-up

@@ -50,8 +50,7 @@ def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     size = block_size(vocab)
     hypothesis_blocks = g.const([vocab // size], np.int64)
     lprobs = g.op("LogSoftmax", logits, axis=-1)
-    blocks = g.op("Reshape", lprobs, g.op("Concat", last, hypothesis_blocks, g.const([size], np.int64), axis=0))
-    maxima = block_maxima(g, lprobs, blocks, edits, edit_rows, vocab, size)  # N x V/size, edited
+    maxima = block_maxima(g, lprobs, edits, edit_rows, vocab, size)  # N x V/size, edited
     # The best blocks of each source, in index order. A hypothesis's score is added to its blocks'
     # maxima and to the chosen blocks' entries only: max(a_i) + s is max(a_i + s) in floating point too.
     source_width = g.op("Mul", beam, hypothesis_blocks)  # blocks per source
@@ -66,7 +65,7 @@ def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     # Their entries, edited, plus their hypothesis's score, as fairseq sums them; the best of those,
     # as (hypothesis x V + token).
     per_source = g.op("Concat", last, source_width, g.const([size], np.int64), axis=0)
-    picked = g.op("GatherElements", g.op("Reshape", blocks, per_source),
+    picked = g.op("GatherElements", g.op("Reshape", lprobs, per_source),
                   g.op("Expand", g.op("Unsqueeze", chosen_in_order, last),
                        g.op("Concat", g.op("Shape", chosen_in_order), g.const([size], np.int64), axis=0)), axis=1)
     hypothesis = g.op("Div", chosen_in_order, hypothesis_blocks)  # within its source
@@ -86,7 +85,7 @@ def beam_candidates(g: Graph, logits: str, vocab: int) -> None:
     g.output(indices, "candidate_indices", INT64, ["sources", "candidates"])
 
 
-def block_maxima(g: Graph, lprobs: str, blocks: str, edits: str, edit_rows: str, vocab: int, size: int) -> str:
+def block_maxima(g: Graph, lprobs: str, edits: str, edit_rows: str, vocab: int, size: int) -> str:
     """Each hypothesis's block maxima of its edited log-probabilities (N x V/size), without
     editing all N x V of them: the first blocks, which hold the EDITED_COLUMNS symbols edited one
     by one, edited in full; every other block's maximum plus its row's one edit (max(a_i) + c is
@@ -102,6 +101,7 @@ def block_maxima(g: Graph, lprobs: str, blocks: str, edits: str, edit_rows: str,
     end = g.const([np.iinfo(np.int64).max], np.int64)
     rest_edit = g.op("Gather", g.op("ReduceMax", g.op("Slice", edits, columns, end, axis), axes=[1], keepdims=1),
                      edit_rows, axis=0)  # N x 1
+    blocks = g.op("Reshape", lprobs, g.const([0, vocab // size, size], np.int64))  # N x V/size x size
     rest = g.op("Slice", g.op("ReduceMax", blocks, axes=[-1], keepdims=0), g.const([head], np.int64), end, axis)
     return g.op("Concat", head_maxima, g.op("Add", rest, rest_edit), axis=1)
 

@@ -86,6 +86,14 @@ def time_in_runtime(translator, src, options):
     return wall, inside
 
 
+def forced_batch(translator, rng, sources: int, source_len: int, target_len: int, beam: int):
+    """(SOURCES random sources of SOURCE_LEN symbols, the last one EOS; the options of
+    translator.generate that force every output to TARGET_LEN tokens)."""
+    src = rng.integers(4, len(translator.src_dict), size=(sources, source_len))
+    src[:, -1] = translator.config["source_eos"]
+    return src, dict(beam=beam, min_len=target_len, max_len_a=0, max_len_b=target_len)
+
+
 def main(argv=None):
     args = parse_args(argv)
     from fairseq_memattn.deploy.translator import Translator, default_session_options
@@ -97,10 +105,8 @@ def main(argv=None):
         return Translator(model, session_options=options)
 
     plain = translator()
-    rng = np.random.default_rng(0)
-    src = rng.integers(4, len(plain.src_dict), size=(args.sources, args.source_len))
-    src[:, -1] = plain.config["source_eos"]
-    options = dict(beam=args.beam, min_len=args.target_len, max_len_a=0, max_len_b=args.target_len)
+    src, options = forced_batch(plain, np.random.default_rng(0), args.sources, args.source_len, args.target_len,
+                                args.beam)
 
     def seconds(translator):
         translator.generate(src[:1], **options)  # warm-up
