@@ -81,6 +81,9 @@ def test_position_encodings_by_hand():
     mask = torch.tensor([[True, False, False, False]])
     expected = torch.tensor([[[0, 0], [1 / 3, 1 / 6], [1 / 3, 1 / 3], [1 / 3, 1 / 2]]])
     torch.testing.assert_close(position_encodings(mask, num_contexts=2, max_len=4), expected)
+    # --memory-position-normalize mean: each context's encodings average 1 over the 3 tokens.
+    torch.testing.assert_close(position_encodings(mask, num_contexts=2, max_len=4, normalize="mean"),
+                               3 * expected)
 
 
 def test_position_encodings_multiply_encoder_scores():
@@ -112,6 +115,7 @@ def test_padding_never_contributes_to_memory():
     ({"memory_encoder_score": "relu"}, r"invalid --memory-encoder-score: 'relu' \(choose from softmax, sigmoid\)"),
     ({"memory_decoder_score": "tanh"}, r"invalid --memory-decoder-score: 'tanh'"),
     ({"memory_encoder_normalize": "rows"}, r"invalid --memory-encoder-normalize: 'rows' \(choose from contexts, time\)"),
+    ({"memory_position_normalize": "max"}, r"invalid --memory-position-normalize: 'max' \(choose from sum, mean\)"),
     # no silent fallback to --max-source-positions for S of Eq. 10
     ({"memory_position_encoding": True},
      r"--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S"),

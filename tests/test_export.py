@@ -41,8 +41,9 @@ VARIANTS = {
     "mix-per-layer-pe": [*TRANSFORMER, "--memory-read", "mix", "--memory-per-layer", "--memory-position-encoding",
                          "--encoder-normalize-before", "--decoder-normalize-before", "--activation-fn", "gelu"],
     "lstm": LSTM,
+    # Position encodings renormalised to a sum of 1 above, to a mean of 1 here.
     "lstm-feeding-pe": [*LSTM, "--input-feeding", "--attention-mix", "--memory-position-encoding",
-                        "--memory-encoder-score", "sigmoid"],
+                        "--memory-position-normalize", "mean", "--memory-encoder-score", "sigmoid"],
 }
 SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "--max-len-a", "0",
           "--max-len-b", "11"]

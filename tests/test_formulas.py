@@ -89,20 +89,22 @@ def content_reference(kind, attn, states, h):
     return sum(a * s for a, s in zip(alpha, states)), alpha
 
 
-def position_encoding_reference(length, K, S):
-    """Eq. 10 for positions s = 1..length, then each context k renormalised over time."""
+def position_encoding_reference(length, K, S, normalize="sum"):
+    """Eq. 10 for positions s = 1..length, then each context k renormalised over time: to sum
+    to 1 (the paper), or to mean 1 (--memory-position-normalize mean)."""
     L = [[(1 - k / K) * (1 - s / S) + (k / K) * (s / S) for k in range(1, K + 1)]
          for s in range(1, length + 1)]
+    target = 1 if normalize == "sum" else length
     totals = [sum(L[s][k] for s in range(length)) for k in range(K)]
-    return [[L[s][k] / totals[k] for k in range(K)] for s in range(length)]
+    return [[L[s][k] * target / totals[k] for k in range(K)] for s in range(length)]
 
 
-def memory_contexts_reference(attn, states, encoder_score, normalize, max_len):
+def memory_contexts_reference(attn, states, encoder_score, normalize, max_len, position_normalize="sum"):
     """Eq. 4-5 (Eq. 9 with position encodings): alpha (|x| lists of K) and C (K rows)."""
     K = attn.writer.W_alpha.weight.size(0)
     raw = [[attn.writer.W_alpha.weight[k] @ s for k in range(K)] for s in states]
     if max_len is not None:
-        l = position_encoding_reference(len(states), K, max_len)
+        l = position_encoding_reference(len(states), K, max_len, position_normalize)
         raw = [[raw[t][k] * l[t][k] for k in range(K)] for t in range(len(states))]
     if attn.writer.window_log_width is not None:  # --memory-position-window
         n = len(states)
@@ -149,7 +151,8 @@ def attention_reference(kind, attn, states, queries, options=None):
     elif kind == "memory":
         alpha, C = memory_contexts_reference(attn, states, options.get("encoder_score", "softmax"),
                                              options.get("normalize", "contexts"),
-                                             options.get("max_len"))
+                                             options.get("max_len"),
+                                             options.get("position_normalize", "sum"))
         results = [memory_lookup_reference(attn, alpha, C, h, options.get("decoder_score", "softmax"))
                    for h in queries]
     else:
@@ -229,12 +232,23 @@ def test_memory_attention_matches_eq_4_to_10(encoder_score, decoder_score, norma
                                                  normalize=normalize, max_len=max_len))
 
 
+@pytest.mark.parametrize("encoder_score", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("window", [False, True])
+def test_mean_position_encodings_match_eq_9_scaled_by_the_length(encoder_score, window):
+    attn = build_module("memory", seed=13, encoder_score=encoder_score, position_encoding=True,
+                        position_max_len=9, position_normalize="mean", position_window=window)
+    check_against_reference("memory", attn, dict(encoder_score=encoder_score, max_len=9,
+                                                 position_normalize="mean"))
+
+
 def test_position_encoding_reference_by_hand():
     """The reference itself, on numbers worked out by hand (K = 2, S = 4, 3 tokens):
     k=1: L = 0.5 everywhere -> 1/3 each; k=2: L = s/4 = 1/4, 1/2, 3/4 -> 1/6, 1/3, 1/2."""
     expected = [[1 / 3, 1 / 6], [1 / 3, 1 / 3], [1 / 3, 1 / 2]]
     got = position_encoding_reference(3, K=2, S=4)
     assert all(abs(g - e) < 1e-12 for row, erow in zip(got, expected) for g, e in zip(row, erow))
+    got = position_encoding_reference(3, K=2, S=4, normalize="mean")  # three times as much
+    assert all(abs(g - 3 * e) < 1e-12 for row, erow in zip(got, expected) for g, e in zip(row, erow))
 
 
 # --- the model: encoder, bridge, decoder, output layer --------------------------

@@ -9,7 +9,7 @@ import numpy as np
 from fairseq import utils
 
 from ..errors import UserError
-from ..modules.memory import ENCODER_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
+from ..modules.memory import ENCODER_NORMALIZATIONS, POSITION_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ def add_memory_args(parser):
     parser.add_argument("--memory-position-encoding", action=argparse.BooleanOptionalAction,
                         default=argparse.SUPPRESS,
                         help="multiply Eq. 10 position encodings into the encoder scores (or not)")
+    parser.add_argument("--memory-position-normalize", choices=POSITION_NORMALIZATIONS,
+                        help="what each context's position encodings add up to over a sentence: 1, "
+                             "as in Sec. 3.2 (sum), or the sentence's length, i.e. mean 1 (mean), which "
+                             "keeps Eq. 9's product at the scale of W_alpha h (default: sum)")
     parser.add_argument("--memory-position-window", action=argparse.BooleanOptionalAction,
                         default=argparse.SUPPRESS,
                         help="add a learned soft window over the relative source position to each "
@@ -79,6 +83,7 @@ def memory_defaults(args, memory_k, position_encoding, encoder_normalize="contex
     args.memory_encoder_normalize = getattr(args, "memory_encoder_normalize", encoder_normalize)
     args.memory_position_encoding = getattr(args, "memory_position_encoding", position_encoding)
     args.memory_position_max_len = getattr(args, "memory_position_max_len", None)
+    args.memory_position_normalize = getattr(args, "memory_position_normalize", "sum")
     args.memory_position_window = getattr(args, "memory_position_window", position_window)
 
 

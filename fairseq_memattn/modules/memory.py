@@ -15,7 +15,7 @@ with sigmoid scores neither sum is normalised, |c| <= K |S| max|s_t|, which at K
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Optional, Tuple
 
 import numpy as np
@@ -30,6 +30,10 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 # Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
 # the paper); some implementations normalise each context over time instead.
 ENCODER_NORMALIZATIONS = ("contexts", "time")
+# Sec. 3.2 renormalises each context's position encodings to sum to 1 over a sentence ("sum", the
+# paper), which shrinks Eq. 9's product by about 1/|x|; "mean" scales them to mean 1 instead, so
+# that the product keeps the scale of W_alpha h_s (docs/wmt17.md, "The LSTM gap").
+POSITION_NORMALIZATIONS = ("sum", "mean")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class MemoryConfig:
     encoder_normalize: str = "contexts"  # the axis of an encoder-side softmax
     position_encoding: bool = False  # Eq. 8-10
     position_max_len: Optional[int] = None  # S of Eq. 10
+    position_normalize: str = "sum"  # what each context's encodings add up to over a sentence
     position_window: bool = False  # the learned soft window (window_scores)
 
     def __post_init__(self):
@@ -52,6 +57,7 @@ class MemoryConfig:
         check_choice("--memory-encoder-score", self.encoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-decoder-score", self.decoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-encoder-normalize", self.encoder_normalize, ENCODER_NORMALIZATIONS)
+        check_choice("--memory-position-normalize", self.position_normalize, POSITION_NORMALIZATIONS)
         # No silent fallback to --max-source-positions: Eq. 10 with S much longer than the sentences
         # is nearly flat, a different model. The models read S from the training data before this.
         if self.position_encoding and self.position_max_len is None:
@@ -60,8 +66,11 @@ class MemoryConfig:
 
     @classmethod
     def from_options(cls, options) -> "MemoryConfig":
-        """The config of a command line's ``--memory-*`` options (an argparse Namespace or a fairseq config)."""
-        return cls(**{name: getattr(options, "memory_" + name) for name in cls.__dataclass_fields__})
+        """The config of a command line's ``--memory-*`` options (an argparse Namespace or a fairseq
+        config). An option a checkpoint predates (--memory-position-normalize) has the behaviour of
+        its time, the field's default."""
+        return cls(**{field.name: getattr(options, "memory_" + field.name) if field.default is MISSING
+                      else getattr(options, "memory_" + field.name, field.default) for field in fields(cls)})
 
 
 def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] = None) -> Tensor:
@@ -85,13 +94,15 @@ def onnx_score_function(g, name: str, scores: str, axis: int) -> str:
     return g.op("Softmax", scores, axis=axis) if name == "softmax" else g.op("Sigmoid", scores)
 
 
-def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) -> Tensor:
+def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
+                       normalize: str = "sum") -> Tensor:
     """Eq. 10 with the masking and renormalisation of Sec. 3.2.
 
     L_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), k = 1..K the context index and
     s = 1..|x| the position of a token within its own sentence (so left padding
     does not shift it), S = ``max_len``. Entries beyond each sentence's length
-    are masked and every context's row is renormalised to sum to 1 over time.
+    are masked and every context's row is renormalised over time: to sum to 1
+    (``normalize="sum"``, the paper), or to mean 1, i.e. to sum to |x| ("mean").
     Returns l: B x S_batch x K.
     """
     lengths = (~padding_mask).sum(dim=1)
@@ -105,7 +116,10 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int) ->
     k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
     L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
     L = L.masked_fill(padding_mask.unsqueeze(-1), 0.0)
-    return L / L.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    total = L.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    if normalize == "mean":
+        total = total / lengths.view(-1, 1, 1).clamp_min(1)
+    return L / total
 
 
 def window_scores(padding_mask: Tensor, log_width: Tensor) -> Tensor:
@@ -150,6 +164,7 @@ class MemoryWrite(nn.Module):
         self.encoder_score = config.encoder_score
         self.encoder_normalize = config.encoder_normalize
         self.position_encoding_max_len = config.position_max_len if config.position_encoding else None
+        self.position_normalize = config.position_normalize
         self.W_alpha = nn.Linear(encoder_dim, K, bias=False)  # Eq. 5
         self.window_log_width = nn.Parameter(torch.full((K,), -math.log(K))) if config.position_window else None
 
@@ -157,7 +172,8 @@ class MemoryWrite(nn.Module):
         """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
         scores = widen(self.W_alpha(states))
         if self.position_encoding_max_len is not None:
-            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len)
+            pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len,
+                                    self.position_normalize)
             scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
         if self.window_log_width is not None:
             scores = scores + window_scores(padding_mask, self.window_log_width).type_as(scores)
@@ -184,6 +200,9 @@ class MemoryWrite(nn.Module):
                      g.op("Mul", frac, g.const(k)))
             L = g.op("Mul", L, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
             total = g.op("Max", g.op("ReduceSum", L, g.const([1], np.int64), keepdims=1), g.const(1e-12))
+            if self.position_normalize == "mean":
+                total = g.op("Div", total, g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)),
+                                                 g.const([-1], np.int64)))
             scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
         if self.window_log_width is not None:  # window_scores
             r = g.op("Div", g.op("Sub", s, g.const(0.5)),
