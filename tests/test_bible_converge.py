@@ -41,6 +41,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
                      "average/hyp.test.fr", "average/hyp.valid.fr", "average/averaged.txt"):
             assert f"converged/{model}/{name}" in names
     assert not any(name.endswith(".pt") for name in names)  # checkpoints stay on the machine
+    assert "converged/command.txt" in names  # the driver's own command line, for the report
     # The transformer converted and fine-tuned beside itself continued, each decoded on test.
     assert {"converged/convert/source.json", "converged/convert/converted_0/hyp.test.fr"} <= names
     for run in converge.CONVERT_RUNS:
@@ -59,6 +60,8 @@ def test_run_then_report(own_pair_recipe, tmp_path):
         assert cells[10] in ("best", "average") and float(cells[12]) > 0  # ms per output token
         assert (results / model / "best" / "generate.test.txt.gz").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
+    assert table.startswith("# Bible en-fr at convergence: memory attention against its baseline, on one CPU")
+    assert f"python -m recipes.bible.converge run --bundle {bundle} --out {out}" in table
     for baseline in converge.PAIRS:
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
     conversion = table[table.index("## The converged transformer converted"):]

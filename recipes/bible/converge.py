@@ -57,6 +57,7 @@ GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.item
 # with --models beside the pair and compared with it on validation only.
 VARIANTS = {
     "lstm_memattn_no_position": ("lstm_memattn", ["--no-memory-position-encoding"]),
+    "lstm_memattn_position_mean": ("lstm_memattn", ["--memory-position-normalize", "mean"]),
     "lstm_memattn_k128": ("lstm_memattn", ["--memory-k", "128"]),
     "lstm_memattn_softmax_time": ("lstm_memattn", ["--memory-encoder-score", "softmax",
                                                    "--memory-encoder-normalize", "time"]),
@@ -336,6 +337,8 @@ def run(args):
     stage = os.path.join(args.work, "converged")
     os.makedirs(stage)
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(stage, "command.txt"), "w", encoding="utf-8") as f:
+        f.write(shlex.join(["python", "-m", "recipes.bible.converge", *args.argv]) + "\n")
     try:
         describe_machine(stage)
         log(f"smoke: {args.smoke_updates} updates per model")
@@ -439,11 +442,13 @@ def report(args):
         compress_outputs(os.path.join(args.out, model))
     from recipes.train_log import plot_curves
 
+    device = run_device(args.out)
     for baseline, memory in PAIRS.items():
-        curves = {m: runs[m]["log"]["curve"] for m in (baseline, memory) if m in runs}
+        compared = (baseline, memory, *(v for v, (model, _) in VARIANTS.items() if model in (baseline, memory)))
+        curves = {m: runs[m]["log"]["curve"] for m in compared if m in runs}
         if curves:
             plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
-                        f"Bible en-fr, GPU: {memory} against {baseline}", curves)
+                        f"Bible en-fr, {device}: {memory} against {baseline}", curves)
     table = write_table(args, runs, references, conversion_rows(args.out, runs, references))
     print(table)
 
@@ -587,20 +592,40 @@ def pair_rows(runs, device):
     return rows, signatures
 
 
+def machine_lines(folder):
+    return [l for l in open(os.path.join(folder, "machine.txt"), encoding="utf-8").read().split("\n") if l]
+
+
+def run_device(folder):
+    """"GPU" or "CPU": where the archive in FOLDER was made (its machine.txt)."""
+    return "GPU" if any(l.startswith("gpu ") for l in machine_lines(folder)) else "CPU"
+
+
+def run_commands(folder, device):
+    """The commands that made the archive: the driver's own command line where the archive kept it."""
+    kept = os.path.join(folder, "command.txt")
+    if os.path.isfile(kept):
+        return open(kept, encoding="utf-8").read().splitlines()
+    if device == "GPU":
+        return ["python -m recipes.bible.converge pack --data DATA",
+                "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine"]
+    return ["python -m recipes.bible.converge run --cpu --out OUT   # this archive did not keep its options"]
+
+
 def write_table(args, runs, references, converted=()):
-    machine = open(os.path.join(args.out, "machine.txt"), encoding="utf-8").read().split("\n")
-    rows, signatures = pair_rows(runs, "GPU" if any(l.startswith("gpu ") for l in machine) else "CPU")
-    lines = ["# Bible en-fr at convergence: memory attention against its baseline, on one GPU", "",
-             f"Machine: {'; '.join(l for l in machine if l)}. Test split (Romans), beam 5, sacreBLEU on "
-             "detokenised text. The models trained side by side on the one GPU (`recipes/bible/converge.py "
-             f"run`), each until {PATIENCE} epochs without a better validation loss or the wall-clock cap; "
-             "batches: " + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
-             ", the rest as in `recipes/bible/compare.py`. Test scores from the best checkpoint and from the "
+    device = run_device(args.out)
+    rows, signatures = pair_rows(runs, device)
+    lines = [f"# Bible en-fr at convergence: memory attention against its baseline, on one {device}", "",
+             f"Machine: {'; '.join(machine_lines(args.out))}. Test split (Romans), beam 5, sacreBLEU on "
+             f"detokenised text. The models trained side by side on the one {device} (`recipes/bible/converge.py "
+             f"run`), each until {PATIENCE} epochs without a better validation loss, the wall-clock cap or "
+             "--max-update; each model's fairseq-train command is in `MODEL/command.txt` (by default batches of "
+             + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
+             ", the rest as in `recipes/bible/compare.py`). Test scores from the best checkpoint and from the "
              f"average of the last {AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
              "better on validation for both models, else on the best. ms / token: the test split decoded "
-             "alone on the GPU (batches of 128, fairseq-generate's timer), per output token.", "", "```bash",
-             "python -m recipes.bible.converge pack --data DATA",
-             "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine",
+             f"alone on the {device} (batches of 128, fairseq-generate's timer), per output token.", "", "```bash",
+             *run_commands(args.out, device),
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              *conversion_section(converted, "as fairseq-train logged it at that update"),
@@ -648,6 +673,7 @@ def main(argv=None):
     rp.add_argument("--data", required=True, help="the folder pack read (for the references)")
     rp.add_argument("--out", default=os.path.join(compare.REPO, "results", "bible", "converged", "gpu"))
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.command == "pack":
         return pack(args)
     if args.command == "run":
