@@ -86,6 +86,12 @@ def test_position_encodings_by_hand():
                                3 * expected)
 
 
+def test_an_option_a_checkpoint_predates_has_the_behaviour_of_its_time():
+    # attention_args has no memory_position_normalize, as the options of a checkpoint saved before it
+    assert MemoryConfig.from_options(attention_args()).position_normalize == "sum"
+    assert MemoryConfig.from_options(attention_args(memory_position_normalize="mean")).position_normalize == "mean"
+
+
 def test_position_encodings_multiply_encoder_scores():
     """Eq. 9: alpha_s = score(W_alpha h_s o l_s)."""
     torch.manual_seed(3)
