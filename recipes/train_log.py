@@ -38,13 +38,15 @@ def run_logged(command, log_path, **popen) -> int:
 def read_train_log(path):
     """What a (possibly resumed, appended) train.log says: the validation curve [(updates, loss)],
     how training stopped ("converged": --patience; "cap": --max-update; "time": --stop-time-hours;
-    None: not finished), the updates and epochs done, and the wall-clock seconds of all its
-    processes together.
+    None: not finished), the updates and epochs done, the wall-clock seconds of all its
+    processes together, and the seconds of each epoch a process ran from its start.
 
     The seconds come from the log's timestamps (each process's first to last line), not from
-    fairseq's ``wall`` meter, which a resumed fairseq-train restores as 0."""
+    fairseq's ``wall`` meter, which a resumed fairseq-train restores as 0. A process paused
+    (SIGSTOP) counts its pause in both; a median over the epochs does not."""
     curve, stopped, finished, epochs = {}, None, False, 0
     spans = []  # [first, last] timestamp of each fairseq-train process
+    epoch_seconds = []
     with open(path) as f:
         for line in f:
             m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|", line)
@@ -52,7 +54,11 @@ def read_train_log(path):
                 stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
                 if not spans or "fairseq_cli.train | {" in line:
                     spans.append([stamp, stamp])
+                    epoch_began = stamp
                 spans[-1][1] = max(spans[-1][1], stamp)
+                if "end of epoch" in line:
+                    epoch_seconds.append((stamp - epoch_began).total_seconds())
+                    epoch_began = stamp
             m = re.search(r"\| valid \|.*\| loss ([\d.]+) .*\| num_updates (\d+)", line)
             if m:
                 curve[int(m.group(2))] = float(m.group(1))  # a resumed run may repeat an update count
@@ -74,7 +80,8 @@ def read_train_log(path):
     return dict(curve=curve, stopped=stopped if finished else None, updates=curve[-1][0] if curve else 0,
                 epochs=epochs,
                 best_update=best[0], best_valid_loss=best[1],
-                train_seconds=sum((last - first).total_seconds() for first, last in spans))
+                train_seconds=sum((last - first).total_seconds() for first, last in spans),
+                epoch_seconds=epoch_seconds)
 
 
 def plot_curves(path, title, curves):

@@ -77,6 +77,16 @@ def test_log_parser_converged_cap_unfinished_and_resumed(tmp_path):
     assert resumed["train_seconds"] == 100 + 30
 
 
+def test_epoch_seconds_count_from_each_process_start(tmp_path):
+    def end_of_epoch(epoch, at):
+        return f"2026-01-01 {clock(at)} | INFO | fairseq_cli.train | end of epoch {epoch} (average epoch stats below)\n"
+
+    # Epoch 2 held an hour's pause; the resumed process counts its first epoch from its own start.
+    parsed = parse(tmp_path, START + end_of_epoch(1, 400) + end_of_epoch(2, 400 + 3600 + 420)
+                   + start(7200) + end_of_epoch(3, 7200 + 410) + DONE)
+    assert parsed["epoch_seconds"] == [400, 4020, 410] and parsed["epochs"] == 3
+
+
 def fake_result(bleu, loss, stopped="converged", updates=1000, outputs=(["1 2", "5 6 7 8 9"],) * 2):
     return dict(bleu=bleu, accuracy=bleu / 2, best_valid_loss=loss, stopped=stopped, updates=updates,
                 best_update=updates - 500, train_seconds=60.0, decode_seconds=1.0,

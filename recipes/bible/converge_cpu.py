@@ -19,6 +19,7 @@ import argparse
 import fcntl
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import threading
@@ -139,7 +140,8 @@ def write_results(args, conversion_rows=()):
                 "Bible en-fr, CPU: transformer_memattn against transformer",
                 {m: run["log"]["curve"] for m, run in runs.items()})
     rows, signatures = converge.pair_rows(runs, "CPU")
-    minutes = {m: run["log"]["train_seconds"] / 60 / max(1, run["log"]["epochs"]) for m, run in runs.items()}
+    # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
+    minutes = {m: statistics.median(run["log"]["epoch_seconds"] or [0]) / 60 for m, run in runs.items()}
     lines = ["# Bible en-fr at convergence: transformer_memattn against transformer", "",
              "Both trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
              f"{args.patience} epochs without a better validation loss: recipes/bible/compare.py's small "
@@ -149,7 +151,7 @@ def write_results(args, conversion_rows=()):
              "(Romans), beam 5, sacreBLEU on detokenised text, from the best checkpoint and from the average "
              f"of the last {converge.AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
              "better on validation for both models, else on the best. ms / token: the test split decoded "
-             "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (side by side): "
+             "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
              "", "```bash", COMMAND, "```", "",
