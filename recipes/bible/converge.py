@@ -449,7 +449,7 @@ def report(args):
         if curves:
             plot_curves(os.path.join(args.out, f"curves_{baseline}.png"),
                         f"Bible en-fr, {device}: {memory} against {baseline}", curves)
-    table = write_table(args, runs, references, conversion_rows(args.out, runs, references))
+    table = write_table(args, device, runs, references, conversion_rows(args.out, runs, references))
     print(table)
 
 
@@ -593,7 +593,7 @@ def pair_rows(runs, device):
 
 
 def machine_lines(folder):
-    return [l for l in open(os.path.join(folder, "machine.txt"), encoding="utf-8").read().split("\n") if l]
+    return [l for l in lstm_gap.read_lines(os.path.join(folder, "machine.txt")) if l]
 
 
 def run_device(folder):
@@ -605,15 +605,14 @@ def run_commands(folder, device):
     """The commands that made the archive: the driver's own command line where the archive kept it."""
     kept = os.path.join(folder, "command.txt")
     if os.path.isfile(kept):
-        return open(kept, encoding="utf-8").read().splitlines()
+        return lstm_gap.read_lines(kept)
     if device == "GPU":
         return ["python -m recipes.bible.converge pack --data DATA",
                 "bash recipes/bible/converge_gpu.sh --out OUT            # on the GPU machine"]
     return ["python -m recipes.bible.converge run --cpu --out OUT   # this archive did not keep its options"]
 
 
-def write_table(args, runs, references, converted=()):
-    device = run_device(args.out)
+def write_table(args, device, runs, references, converted=()):
     rows, signatures = pair_rows(runs, device)
     lines = [f"# Bible en-fr at convergence: memory attention against its baseline, on one {device}", "",
              f"Machine: {'; '.join(machine_lines(args.out))}. Test split (Romans), beam 5, sacreBLEU on "
