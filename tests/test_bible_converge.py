@@ -2,6 +2,7 @@
 models side by side, decoding best and averaged checkpoints, the archive) and the report that scores
 it here. After this passes, the GPU run can only fail because of the GPU."""
 
+import argparse
 import os
 import re
 import subprocess
@@ -235,6 +236,33 @@ def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
     ran = cpu_driver(tmp_path / "data", tmp_path, timeout=120)
     assert ran.returncode == 0 and "already running" in ran.stdout
     assert not (tmp_path / "results" / "cpu").exists()  # nothing started
+
+
+def test_cpu_driver_refuses_logs_whose_checkpoints_are_gone(tmp_path):
+    """Logs from another machine (their checkpoints not in --work): resuming would train from scratch
+    while counting patience from the old curve, so the driver stops with one line and starts nothing."""
+    from recipes.bible import converge_cpu
+
+    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    log = tmp_path / "results" / "cpu" / "transformer_memattn" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | "
+                           f"loss {5 - e / 10} | nll_loss 1 | num_updates {10 * e}\n" for e in (1, 2)))
+    ran = cpu_driver(tmp_path / "data", tmp_path, timeout=120)
+    error = ran.stderr.splitlines()[-1]  # after argparse's usage
+    assert ran.returncode == 2 and error.startswith("converge_cpu.py: error: --out ")
+    assert (f"{log} has 2 epochs, but --work {tmp_path / 'work'} has no checkpoints/transformer_memattn/"
+            "checkpoint_last.pt") in error
+    assert not (tmp_path / "results" / "cpu" / "transformer").exists()  # nothing started
+    checkpoints = tmp_path / "work" / "checkpoints" / "transformer_memattn"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "checkpoint_last.pt").touch()
+    args = argparse.Namespace(out=str(tmp_path / "results"), work=str(tmp_path / "work"), patience=5,
+                              max_epoch=100)
+    assert converge_cpu.orphaned_log(args, "transformer_memattn") is None
+    (checkpoints / "checkpoint_last.pt").unlink()
+    args.max_epoch = 2  # a finished run needs no checkpoint to go on from
+    assert converge_cpu.orphaned_log(args, "transformer_memattn") is None
 
 
 @pytest.mark.slow

@@ -51,6 +51,25 @@ def log_path(args, model):
     return os.path.join(args.out, "cpu", model, "train.log")
 
 
+def checkpoint_dir(args, model):
+    return os.path.join(args.work, "checkpoints", model)
+
+
+def orphaned_log(args, model):
+    """Why MODEL's log cannot be resumed (its run unfinished, and --work without the checkpoint it
+    ended with, as on a new machine), or None: fairseq-train would start again from scratch while
+    the patience count went on from the log."""
+    log = log_path(args, model)
+    curve = read_train_log(log)["curve"] if os.path.isfile(log) else []
+    if not curve or epochs_since_best(curve) >= args.patience or len(curve) >= args.max_epoch:
+        return None
+    if os.path.isfile(os.path.join(checkpoint_dir(args, model), "checkpoint_last.pt")):
+        return None
+    return (f"--out {args.out}: {log} has {len(curve)} epochs, but --work {args.work} has no "
+            f"{os.path.join('checkpoints', model, 'checkpoint_last.pt')} to go on from: give the --work of "
+            "that run, or move its log away to start again")
+
+
 def run_fairseq(command, log, lock):
     """run_logged, with the driver's lock file descriptor passed on, so that the lock stays held
     while any fairseq-train it started still runs."""
@@ -73,8 +92,8 @@ def train(args, model, lock, on_round):
         epochs = min(len(curve) + args.patience - waited, args.max_epoch)
         options = [*CPU_SIZE, "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST), "--max-epoch", str(epochs),
                    *args.train_args]
-        command = converge.train_command(model, os.path.join(args.data, "data-bin"),
-                                         os.path.join(args.work, "checkpoints", model), args.seed, options)
+        command = converge.train_command(model, os.path.join(args.data, "data-bin"), checkpoint_dir(args, model),
+                                         args.seed, options)
         if not run_fairseq(command, log, lock):
             converge.log(f"{model}: fairseq-train failed, see {log}")
             return False
@@ -93,14 +112,14 @@ def decode(args, model):
         return
     settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
     converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
-    converge.evaluate(settings, os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt"), "test",
+    converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test",
                       os.path.join(folder, "best"))
     converge.compress_outputs(folder)
 
 
 def conversion_settings(args):
     """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
-    return Namespace(data=args.data, source=os.path.join(args.work, "checkpoints", "transformer", "checkpoint_best.pt"),
+    return Namespace(data=args.data, source=os.path.join(checkpoint_dir(args, "transformer"), "checkpoint_best.pt"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
                      fractions=converge.CONVERT_FRACTIONS, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
                      run=None)
@@ -203,6 +222,9 @@ def main(argv=None):
     if lock is None:
         converge.log(f"already running (the lock {os.path.join(args.work, 'driver.lock')} is held): nothing to do")
         return 0
+    # Under the lock: a running driver's first epoch is logged before its checkpoint is saved.
+    for problem in filter(None, (orphaned_log(args, model) for model in PAIR)):
+        p.error(problem)
     written = threading.Lock()
 
     def on_round():
