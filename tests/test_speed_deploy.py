@@ -16,3 +16,16 @@ def test_each_cell_reports_the_median_of_its_rounds():
     assert merged[("ct2-int8", 10)]["seconds"] == 0.20 and merged[("ct2-int8", 10)]["peak_mib"] == 120.0
     assert merged[("onnx-int8", 10)]["seconds"] == 0.27 and merged[("onnx-int8", 10)]["rounds"] == 3
     assert merged[("onnx-int8", 20)]["seconds"] == 0.50 and merged[("onnx-int8", 20)]["rounds"] == 1
+
+
+def test_the_report_compares_each_cell_best_against_best():
+    from recipes.speed.deploy import engine_factors, parse_args, targets
+
+    args = parse_args(["--source-lens", "--copy-lens", "10", "--threads", "1", "--engines", "ct2-f32", "ct2-int8",
+                       "onnx-f32", "onnx-int8"])
+    seconds = {"ct2-f32": 0.50, "ct2-int8": 0.40, "onnx-f32": 0.60, "onnx-int8": 0.36}
+    rows = [{"engine": e, "threads": 1, "S": 10, "T": 10, "seconds": s} for e, s in seconds.items()]
+    lines = targets(rows, args).splitlines()
+    assert "- 1 thread(s), int8, |S| = 10, |T| = 10: exported memattn 0.36 s vs CTranslate2 0.40 s (1.11x)" in lines
+    assert lines[-1] == "- 1 thread(s), |S| = 10, |T| = 10: the export's best over CTranslate2's best **0.90**"
+    assert engine_factors(rows, args) == ""  # no fairseq-generate rows to compare with

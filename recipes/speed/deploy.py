@@ -87,8 +87,16 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="measure the grid this many times, every engine in turn each round, and report "
                         "each cell's median over the rounds: the machine's drift then falls on all engines")
+    p.add_argument("--split", action="store_true",
+                   help="with T threads, each engine splits a batch into T parts decoded at once on one thread "
+                        "each (CTranslate2: inter_threads T, max_batch_size; the export: T workers), instead of "
+                        "running one batch on T threads (keep these rows in their own --rows file)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.split and {"fairseq", "memattn"} & set(args.engines):
+        p.error("--split: fairseq-generate (engines fairseq, memattn) decodes a batch as one; "
+                "time it without --split")
+    return args
 
 
 TEST_SPLIT = (0, 0)  # the cell of --trained: --data's test split, natural output lengths
@@ -211,7 +219,7 @@ def worker(args):
             output_tokens = sum(translate(batch, target_len) for batch in batches)
             times.append(time.perf_counter() - start)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # so far in this process
-        print(json.dumps({"engine": engine, "threads": threads, "S": source_len, "T": target_len or 0,
+        print(json.dumps({"engine": engine, "threads": threads, "split": args.split, "S": source_len, "T": target_len or 0,
                           "seconds": statistics.median(times), "peak_mib": peak,
                           "output_tokens": int(output_tokens)}), flush=True)
 
@@ -259,27 +267,40 @@ def load_engine(engine, folder, threads, args):
     elif engine.startswith("ct2"):
         import ctranslate2
 
-        translator = ctranslate2.Translator(os.path.join(folder, engine), device="cpu", intra_threads=threads,
-                                            inter_threads=1)
+        translator = ctranslate2.Translator(os.path.join(folder, engine), device="cpu",
+                                            intra_threads=1 if args.split else threads,
+                                            inter_threads=threads if args.split else 1)
 
         def run(sources, target_len):
             batch = [[symbols[i - SPECIALS] if i >= SPECIALS else "<unk>" for i in row] for row in sources]
             _, max_len_b, min_len = length_options(target_len)
             results = translator.translate_batch(batch, beam_size=args.beam, max_decoding_length=max_len_b,
-                                                 min_decoding_length=min_len, max_input_length=0)
+                                                 min_decoding_length=min_len, max_input_length=0,
+                                                 max_batch_size=part_size(sources, threads, args))
             return checked([len(r.hypotheses[0]) for r in results], target_len)
     else:
         from fairseq_memattn.deploy import Translator
 
-        translator = Translator(os.path.join(folder, engine), threads=threads)
+        translator = Translator(os.path.join(folder, engine), threads=1 if args.split else threads)
 
         def run(sources, target_len):
             max_len_a, max_len_b, min_len = length_options(target_len)
-            hypos = translator.generate(padded_left(sources)[0], beam=args.beam, max_len_a=max_len_a,
-                                        max_len_b=max_len_b, min_len=min_len)
+            options = dict(beam=args.beam, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+            if args.split:
+                eos = translator.config["source_eos"]
+                hypos = translator.translate_ids([[*map(int, row), eos] for row in sources],
+                                                 batch_size=part_size(sources, threads, args), workers=threads,
+                                                 **options)
+            else:
+                hypos = translator.generate(padded_left(sources)[0], **options)
             return checked([len(h[0]["tokens"]) - 1 for h in hypos], target_len)
     run.symbols = symbols
     return run
+
+
+def part_size(sources, threads, args):
+    """Sources per part of a batch: all of them, or with --split one part per thread (0: no limit)."""
+    return -(-len(sources) // threads) if args.split else 0
 
 
 def checked(output_lengths, target_len):
@@ -301,7 +322,9 @@ def table(rows, args):
     lines = []
     for threads in args.threads:
         engines = [e for e in args.engines if any(k[0] == e and k[1] == threads for k in by)]
-        lines += [f"\n**{threads} thread{'s' if threads > 1 else ''}** (seconds for {args.sources} sources, "
+        split = (f", each batch split in {threads} parts decoded at once, one thread each"
+                 if args.split and threads > 1 else "")
+        lines += [f"\n**{threads} thread{'s' if threads > 1 else ''}{split}** (seconds for {args.sources} sources, "
                   f"beam {args.beam}; peak MiB of the engine's process)\n",
                   "| \\|S\\| | \\|T\\| | " + " | ".join(ENGINES[e][0] for e in engines) + " |",
                   "|---|---|" + "---|" * len(engines)]
@@ -322,6 +345,8 @@ def engine_factors(rows, args):
     pairs = [(engine, base) for engine, base in (("ct2-f32", "fairseq"), ("ct2-int8", "fairseq"),
                                                  ("onnx-f32", "memattn"), ("onnx-int8", "memattn"))
              if engine in args.engines and base in args.engines]
+    if not pairs:
+        return ""
     lines = ["", "| threads | \\|S\\| | \\|T\\| | " + " | ".join(ENGINES[e][0] for e, _ in pairs) + " |",
              "|---|---|---|" + "---|" * len(pairs)]
     for threads in args.threads:
@@ -345,16 +370,24 @@ def ct2_backend(paths, args):
 
 
 def targets(rows, args):
+    """Per thread count and cell: each precision against its CTranslate2 counterpart, and the
+    export's best time (either precision) over CTranslate2's best."""
     by = {(r["engine"], r["threads"], r["S"], r["T"]): r["seconds"] for r in rows}
     out = []
     for threads in args.threads:
-        for ours, theirs, label in (("onnx-int8", "ct2-int8", "int8"), ("onnx-f32", "ct2-f32", "float32")):
-            for source_len, target_len in cells(args):
-                a, b = by.get((ours, threads, source_len, target_len)), by.get((theirs, threads, source_len, target_len))
-                if a is None or b is None:
-                    continue
-                out.append(f"- {threads} thread(s), {label}, {cell_label(source_len, target_len, False)}: exported "
-                           f"memattn {a:.2f} s vs CTranslate2 {b:.2f} s ({b / a:.2f}x)")
+        for source_len, target_len in cells(args):
+            cell = cell_label(source_len, target_len, False)
+            times = {engine: by.get((engine, threads, source_len, target_len)) for engine in ENGINES}
+            for ours, theirs, label in (("onnx-int8", "ct2-int8", "int8"), ("onnx-f32", "ct2-f32", "float32")):
+                a, b = times[ours], times[theirs]
+                if a is not None and b is not None:
+                    out.append(f"- {threads} thread(s), {label}, {cell}: exported memattn {a:.2f} s vs "
+                               f"CTranslate2 {b:.2f} s ({b / a:.2f}x)")
+            ours = [times[e] for e in ("onnx-f32", "onnx-int8") if times[e] is not None]
+            theirs = [times[e] for e in ("ct2-f32", "ct2-int8") if times[e] is not None]
+            if ours and theirs:
+                out.append(f"- {threads} thread(s), {cell}: the export's best over CTranslate2's best "
+                           f"**{min(ours) / min(theirs):.2f}**")
     return "\n".join(out)
 
 
@@ -429,13 +462,15 @@ def main(argv=None):
                     rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows, round_)
     rows = median_over_rounds(rows)
     command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
+    factors = engine_factors(rows, args)
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
               + (f"Models: {' and '.join(args.trained)}, trained; the test split of {args.data}. " if args.trained else
                  f"Models: {SIZE_NAMES[args.size]}, untrained, {args.vocab} symbols; memattn K = {args.memory_k}. ")
               + f"CTranslate2 {ct2_backend(paths, args)}.\n"
-              + table(rows, args) + "\n\n## Each engine against fairseq on its own model\n\n"
-              "fairseq-generate's time over the engine's (CTranslate2 on `transformer`, the export on "
-              "`transformer_memattn`):\n" + engine_factors(rows, args)
+              + table(rows, args)
+              + ("\n\n## Each engine against fairseq on its own model\n\n"
+                 "fairseq-generate's time over the engine's (CTranslate2 on `transformer`, the export on "
+                 "`transformer_memattn`):\n" + factors if factors else "")
               + "\n\n## Exported against CTranslate2\n\n" + targets(rows, args) + "\n")
     print(report)
     if args.out:
