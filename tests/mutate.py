@@ -20,6 +20,7 @@ ATTENTION = "fairseq_memattn/modules/attention.py"
 MEMORY = "fairseq_memattn/modules/memory.py"
 READS = "fairseq_memattn/modules/memory_reads.py"
 DEPLOY = "fairseq_memattn/deploy/translator.py"
+GRAPH = "fairseq_memattn/export/graph.py"
 FAST_TIER = '-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests'
 # The exported models' tests train models, so they are in the full suite only: run just them.
 EXPORT_TESTS = "-x -q -p no:cacheprovider tests/test_export.py -k "
@@ -71,6 +72,13 @@ MUTATIONS = {
                       "self.max_len(np.full(bsz, src_tokens.shape[1]),",
                       "each source's maximum length from its batch's padded width, not its own tokens",
                       EXPORT_TESTS + "test_a_source_does_not_depend_on_its_batch"),
+    "short-value-bias": (READS, "        if self.v_proj.bias is not None:\n            out = g.op(\"Add\", out, g.weight(self.v_proj.bias",
+                         "        if False:\n            out = g.op(\"Add\", out, g.weight(self.v_proj.bias",
+                         "a short source's memory read through alpha without the value bias",
+                         EXPORT_TESTS + '"translator_equals_fairseq_generate and attention"'),
+    "int8-weight-bits": (GRAPH, "WEIGHT_LEVELS = 63", "WEIGHT_LEVELS = 127",
+                         "int8 weights in 8 bits, which overflow the 16-bit pair sums of CPUs without VNNI",
+                         "-x -q -p no:cacheprovider tests/test_export_int8.py -k quantizes_each_row"),
 }
 
 

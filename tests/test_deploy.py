@@ -240,7 +240,9 @@ def test_cli_names_the_broken_file_in_one_line(trained, tmp_path):
                             "decoder.onnx: not a readable ONNX graph"),
         "no-key": (edit_config(memory_k=None), "config.json: missing key 'memory_k'"),
         "no-version": (edit_config(format_version=None), "config.json: no format_version, this translator reads "
-                                                         "format_version 2"),
+                                                         "format_version 2, 3"),
+        "short-rows-over-k": (edit_config(short_source_rows=5), "config.json: short_source_rows is 5, expected an "
+                                                                 "integer from 1 to memory_k (4)"),
         "new-version": (edit_config(format_version=99), "config.json: format_version 99, this translator reads"),
         "not-json": (lambda f: (f / "config.json").write_text("{"), "config.json: not readable as JSON"),
         "no-dictionary": (lambda f: (f / "dict.target.txt").unlink(), "dict.target.txt"),

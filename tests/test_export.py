@@ -45,6 +45,9 @@ VARIANTS = {
     "lstm-feeding-pe": [*LSTM, "--input-feeding", "--attention-mix", "--memory-position-encoding",
                         "--memory-position-normalize", "mean", "--memory-encoder-score", "sigmoid"],
 }
+# Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
+# or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
+SHORT_SOURCE_ROWS = 4
 SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "--max-len-a", "0",
           "--max-len-b", "11"]
 
@@ -54,9 +57,13 @@ def train(folder, flags):
     return folder / "checkpoint_best.pt"
 
 
+def short_source_rows(name):
+    return SHORT_SOURCE_ROWS if "transformer_memattn" in VARIANTS[name] else None
+
+
 def train_and_export(folder, name):
     checkpoint = train(folder, VARIANTS[name])
-    export(str(checkpoint), str(folder / "onnx"))
+    export(str(checkpoint), str(folder / "onnx"), short_source_rows=short_source_rows(name))
     return checkpoint, folder / "onnx"
 
 
@@ -110,6 +117,9 @@ def test_translator_equals_fairseq_generate(trained, variant):
                             batch_size=8)
     lengths = {len(h[1].split()) for _, hyps in expected.values() for h in hyps}
     assert len(lengths) >= 2  # sentences finished at different steps
+    if short_source_rows(variant):  # sources with |S| memory rows and with K
+        source_lens = [len(translator.src_dict.encode(source)) for source, _ in expected.values()]
+        assert min(source_lens) < SHORT_SOURCE_ROWS <= max(source_lens)
 
 
 @pytest.mark.slow
@@ -270,6 +280,30 @@ def test_export_reports_bad_checkpoint_and_option(tmp_path):
         export(str(broken), str(tmp_path / "out"))
     with pytest.raises(ExportError, match=r"invalid --quantize: 'int4' \(choose from int8\)"):
         export(str(broken), str(tmp_path / "out"), quantize="int4")
+
+
+@pytest.mark.slow
+def test_short_source_rows_option(trained, tmp_path):
+    """0 exports one memory layout (no If, no alpha input to the decoder); a value above K, or any
+    for an LSTM, is one line naming it."""
+    import onnx
+
+    checkpoint, _ = trained("attention")
+    config = export(str(checkpoint), str(tmp_path / "plain"), short_source_rows=0)
+    assert "short_source_rows" not in config
+    for part in ("encoder", "decoder"):
+        graph = onnx.load(str(tmp_path / "plain" / f"{part}.onnx")).graph
+        assert not [node for node in graph.node if node.op_type == "If"]
+        assert "alpha" not in [i.name for i in graph.input]
+    source = [[4, 5, 2], [4, 5, 6, 7, 8, 2]]
+    assert [h[0]["tokens"].tolist() for h in Translator(str(tmp_path / "plain")).translate_ids(source, beam=2)] == \
+        [h[0]["tokens"].tolist() for h in Translator(str(trained("attention")[1])).translate_ids(source, beam=2)]
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(checkpoint), str(tmp_path / "over"),
+                             "--short-source-rows", "5"], env=clean_env(), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        "fairseq-memattn-export: error: invalid --short-source-rows: 5 (from 0, never, to the model's --memory-k 4)")
+    with pytest.raises(ExportError, match=r"invalid --short-source-rows: 3 \(transformer_memattn only"):
+        export(str(trained("lstm")[0]), str(tmp_path / "lstm"), short_source_rows=3)
 
 
 @pytest.mark.slow

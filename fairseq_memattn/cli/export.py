@@ -10,15 +10,16 @@ PROG = "fairseq-memattn-export"
 DESCRIPTION = """\
 fairseq-memattn-export: a checkpoint to ONNX graphs for ONNX Runtime.
 
-    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--force]
+    fairseq-memattn-export CHECKPOINT OUT [--data DIR] [--quantize int8] [--short-source-rows N] [--force]
 
 Exports transformer_memattn (both reads; shared or per-layer memories) and lstm_memattn with
 memory attention. OUT holds encoder.onnx (source -> what the decoder reads, projected once per
-source, and alpha of Eq. 4-5 for alignments), decoder.onnx (one decoder step with its cache,
+source (a source shorter than --short-source-rows: its |S| states, read through alpha), and
+alpha of Eq. 4-5 for alignments), decoder.onnx (one decoder step with its cache,
 ending in the beam search's choice of candidates), config.json, the dictionaries and, when
 there is one, the sentencepiece model; fairseq-memattn-translate and fairseq-memattn-serve
 translate with it. --quantize int8: every matrix product with a constant weight in int8, the
-weight scaled per output column and the input per row, so that a sentence gets the same
+weight (7 bits) scaled per output column and the input per row, so that a sentence gets the same
 translation in any batch, and the embedding tables in int8; an LSTM stays float32. Needs the
 optional extra deploy (pip install "fairseq_memattn[deploy]").
 """
@@ -31,6 +32,10 @@ def parse_args(argv=None):
     parser.add_argument("out", help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="int8 products (weights per column, inputs per row) and embeddings")
+    parser.add_argument("--short-source-rows", type=int, metavar="N",
+                        help="transformer_memattn: a source of fewer than N tokens (EOS included) keeps its "
+                             "memory as its |S| projected states, read through alpha, instead of K rows: "
+                             "the same translation, less to read per step (default: K/2; 0: never)")
     parser.add_argument("--force", action="store_true",
                         help="export into a folder that is not empty, replacing an earlier export's files")
     parser.add_argument("--sentencepiece-model", help="copy this sentencepiece model into OUT "
@@ -48,7 +53,7 @@ def main(argv=None):
     with one_line_errors(PROG):
         try:
             config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
-                            args.force)
+                            args.force, args.short_source_rows)
         except ExportError as error:
             parser.error(str(error))
     print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)

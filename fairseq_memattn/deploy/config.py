@@ -8,7 +8,7 @@ from .exceptions import ModelFolderError
 from .search import EDITED_COLUMNS
 
 # config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
-FORMAT_VERSIONS = (2,)
+FORMAT_VERSIONS = (2, 3)  # 3: short_source_rows (optional)
 CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
                "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
                "max_target_positions")
@@ -66,6 +66,11 @@ def check_types(config: dict, path: str) -> None:
                                               and ("from" in e or "zeros" in e) for e in state):
         raise ModelFolderError(f"{path}: decoder_state is {state!r}, expected a list of "
                                "{'name', 'from' or 'zeros'} entries")
+    short = config.get("short_source_rows")
+    if short is not None and (not isinstance(short, int) or isinstance(short, bool)
+                              or not 1 <= short <= config["memory_k"]):
+        raise ModelFolderError(f"{path}: short_source_rows is {short!r}, expected an integer from 1 to "
+                               f"memory_k ({config['memory_k']})")
     layers = config.get("self_attention_cache")
     if layers is not None and not (isinstance(layers, list) and all(
             isinstance(layer, dict) and isinstance(layer.get("heads"), int) and isinstance(layer.get("head_dim"), int)

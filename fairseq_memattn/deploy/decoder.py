@@ -27,7 +27,8 @@ class DecoderRun:
     def __init__(self, session, ort, config: dict, encoded: Dict[str, np.ndarray], hypotheses: int, steps: int):
         self.session, self.outputs = session, [o.name for o in session.get_outputs()]
         self.ort_value = ort.OrtValue.ortvalue_from_numpy
-        self.memory_rows = {name: encoded[name] for name in config["memory_outputs"]}
+        names = config["memory_outputs"] + (["alpha"] if "short_source_rows" in config else [])
+        self.memory_rows = {name: encoded[name] for name in names}
         self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
         self.state = {name: self.ort_value(value)
                       for name, value in initial_state(config, encoded, hypotheses).items()}

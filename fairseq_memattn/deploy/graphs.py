@@ -61,6 +61,8 @@ def expected_interface(config: dict, encoder_outputs: Dict[str, int]):
     inputs, outputs = dict(SEARCH_INPUTS), dict(STEP_OUTPUTS)
     for name in config["memory_outputs"]:
         inputs[name] = encoder_outputs[name]
+    if "short_source_rows" in config:  # short sources' memory is read through alpha
+        inputs["alpha"] = 4
     for entry in config["decoder_state"]:
         rank = encoder_outputs[entry["from"]] if "from" in entry else 1 + len(entry["zeros"])
         inputs[entry["name"]] = outputs["new_" + entry["name"]] = rank

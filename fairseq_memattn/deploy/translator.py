@@ -100,16 +100,24 @@ class Translator:
 
     # --- the encoder, and the search over the decoder -----------------------------------
 
+    def short_sources(self, src_tokens: np.ndarray) -> np.ndarray:
+        """Which sources the exported encoder gives |S| memory rows rather than K: those shorter
+        than config.json's short_source_rows (none without it)."""
+        lengths = (src_tokens != self.config["source_pad"]).sum(axis=1)
+        return lengths < self.config.get("short_source_rows", 0)
+
     def encode(self, src_tokens: np.ndarray) -> Dict[str, np.ndarray]:
         """The encoder's outputs for each source as if it ran alone: the sources of one length run
         together at their own width, at most ``encoder_tokens_per_run`` tokens a run, and outputs
-        with a source axis are padded back to the batch's width. Padding moves the float32 sums of
-        the self-attention in their last bits, enough to tip an int8 rounding step, so that a
-        sentence's int8 translation would depend on the batch."""
+        with a source axis are padded back to the batch's width (a short source's memory rows too:
+        alpha is 0 at padding). Padding moves the float32 sums of the self-attention in their last
+        bits, enough to tip an int8 rounding step, so that a sentence's int8 translation would
+        depend on the batch. The sources are all short or all not (``generate``)."""
         pad, width = self.config["source_pad"], src_tokens.shape[1]
         left = self.config["source_padding"] == "left"
         lengths = (src_tokens != pad).sum(axis=1)
-        outputs = {o.name: (o.shape.index("src_len") if "src_len" in o.shape else None)
+        source_axes = ("src_len", "memory_rows") if self.short_sources(src_tokens).all() else ("src_len",)
+        outputs = {o.name: next((o.shape.index(axis) for axis in source_axes if axis in o.shape), None)
                    for o in self.encoder.get_outputs()}
         encoded = {}
         for length in np.unique(lengths):
@@ -142,14 +150,28 @@ class Translator:
         (T x |x|: every target token over its source's tokens) and alignment
         (hard pairs (source, target), EOS excluded). Each source's maximum length
         counts its own tokens, not the batch's padded width."""
+        options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                       unk_penalty=unk_penalty, normalize_scores=normalize_scores, alignment=alignment)
+        src_tokens = np.asarray(src_tokens, dtype=np.int64)
+        short = self.short_sources(src_tokens)
+        if 0 < short.sum() < len(short):  # one memory layout a batch: the short sources and the others apart
+            finalized = [None] * len(src_tokens)
+            for rows in (np.flatnonzero(short), np.flatnonzero(~short)):
+                for row, hypotheses in zip(rows, self.generate(src_tokens[rows], **options)):
+                    finalized[row] = hypotheses
+            return finalized
         beam = min(beam, len(self.tgt_dict) - 1)  # as SequenceGenerator clamps it
-        src_tokens = self.padded_as_exported(np.asarray(src_tokens, dtype=np.int64))
+        # Columns of padding only go: a short source's memory rows then stay fewer than K.
+        src_tokens = self.padded_as_exported(src_tokens[:, (src_tokens != self.config["source_pad"]).any(axis=0)])
         max_lens = self.batch_max_lens(src_tokens, max_len_a, max_len_b, min_len)
         encoded = self.encode(src_tokens)
         search = BeamSearch(max_lens, beam, len(self.tgt_dict), self.eos, self.pad, self.unk, min_len=min_len,
                             lenpen=lenpen, unk_penalty=unk_penalty, normalize_scores=normalize_scores,
                             read_width=self.config["memory_k"] if alignment else None)
-        decoder = DecoderRun(self.decoder, self.ort, self.config, encoded, len(src_tokens) * beam, search.max_len + 1)
+        memory = dict(encoded)
+        if "short_source_rows" in self.config and not short.all():  # K rows: an empty alpha says so
+            memory["alpha"] = np.ascontiguousarray(encoded["alpha"][:, :, :0])
+        decoder = DecoderRun(self.decoder, self.ort, self.config, memory, len(src_tokens) * beam, search.max_len + 1)
         finalized = search.run(decoder)
         if alignment:
             alpha = encoded["alpha"][:, self.config["alignment_memory"]]

@@ -19,7 +19,7 @@ import shutil
 
 from ..errors import UserError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
              "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 
@@ -64,10 +64,12 @@ def load_checkpoint(path: str, data: str = None):
 
 
 def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
-           sentencepiece_model: str = None, force: bool = False) -> dict:
+           sentencepiece_model: str = None, force: bool = False, short_source_rows: int = None) -> dict:
     """Write the graphs, config and dictionaries of ``checkpoint`` to ``out``; returns the config.
     An existing ``out`` must be an empty folder, or ``force`` removes what an export writes there
-    first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's)."""
+    first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's).
+    ``short_source_rows`` (transformer_memattn): sources shorter than this keep |S| memory rows
+    (export/transformer.py's ``build``; None: its default, 0: never)."""
     try:
         import onnx
     except ImportError:
@@ -82,7 +84,16 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
 
     family = transformer if isinstance(model, MemAttnTransformerModel) else lstm
     family.check_supported(model)
-    graphs, config = family.build(model, quantize)
+    if family is transformer:
+        try:
+            graphs, config = family.build(model, quantize, short_source_rows)
+        except ValueError as error:
+            raise ExportError(str(error)) from None
+    elif short_source_rows:
+        raise ExportError(f"invalid --short-source-rows: {short_source_rows} (transformer_memattn only; an "
+                          "lstm_memattn memory keeps K rows)")
+    else:
+        graphs, config = family.build(model, quantize)
     os.makedirs(out, exist_ok=True)
     for part, graph in graphs.items():
         onnx.save(graph.model(), os.path.join(out, f"{part}.onnx"))

@@ -3,6 +3,8 @@ one method per operator pattern the exported models use (linear layers,
 layer norms, multi-head attention pieces), float32, or with ``quantize="int8"``
 int8 products with constant weights (``Graph.product``) and int8 embedding tables."""
 
+import hashlib
+
 import numpy as np
 import onnx
 import torch
@@ -11,38 +13,73 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17  # LayerNormalization
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 TINY = np.float32(1e-30)  # the least scale: an all-zero row or column quantizes to zeros, not NaN
+WEIGHT_LEVELS = 63  # int8 weights in 7 bits (Graph.product)
 
 
 def as_array(tensor) -> np.ndarray:
     return tensor.detach().to(torch.float32).cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor
 
 
+def all_nodes(nodes):
+    """The nodes and those of their branches (If), depth first."""
+    for node in nodes:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attribute.g.node)
+
+
 class Graph:
-    def __init__(self, name: str, quantize: str = None):
+    def __init__(self, name: str, quantize: str = None, parent: "Graph" = None):
+        """``parent``: the graph that a branch of its ``If`` (``Graph.branch``) is built for; the
+        branch reads the parent's values, and its weights and constants go to the outermost graph."""
         self.name = name
         self.quantize = quantize
+        self.root = parent.root if parent is not None else self
         self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
         self.count = 0
-        self.constants = {}
+        self.stored = {}  # (dtype, shape, digest) -> initializer name
         self.renamed = {}  # node outputs renamed to graph outputs
-        self.int8_rows = {}  # x -> (x in uint8, its rows' max |x|): one quantization for every product of x
+        # x -> (x in uint8, its rows' max |x|): one quantization for every product of x
+        self.int8_rows = dict(parent.int8_rows) if parent is not None else {}
 
     def fresh(self, hint: str) -> str:
-        self.count += 1
-        return f"{hint}_{self.count}"
+        self.root.count += 1  # names are unique across a graph and its branches, as ONNX wants
+        return f"{hint}_{self.root.count}"
 
     def weight(self, array, hint: str) -> str:
-        name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.array(as_array(array), order="C"), name))
-        return name
+        """An initializer, one per distinct value: both branches of an If project with the same
+        weights, and the file holds them once."""
+        array = np.array(as_array(array), order="C")
+        key = (array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).digest())
+        stored = self.root.stored
+        if key not in stored:
+            stored[key] = self.fresh(hint)
+            self.root.initializers.append(numpy_helper.from_array(array, stored[key]))
+        return stored[key]
 
     def const(self, value, dtype=np.float32) -> str:
-        """A small constant, shared by every node that uses the same value."""
-        array = np.asarray(value, dtype=dtype)
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self.constants:
-            self.constants[key] = self.weight(array, "const")
-        return self.constants[key]
+        """A small constant."""
+        return self.weight(np.asarray(value, dtype=dtype), "const")
+
+    def branch(self, condition: str, then_body, else_body) -> list:
+        """ONNX's If: the float tensors ``then_body(g)`` returns where ``condition`` (a bool of one
+        element) holds, else those of ``else_body(g)``, each body building its nodes in a graph ``g``
+        of its own that reads this graph's values. Only the branch taken runs."""
+        branches = []
+        for part, body in (("then", then_body), ("else", else_body)):
+            child = Graph(f"{self.name}_{part}_{self.root.count}", self.quantize, parent=self)
+            values = list(body(child))
+            produced = {name for node in child.nodes for name in node.output}
+            values = [value if value in produced else child.op("Identity", value) for value in values]
+            branches.append(helper.make_graph(child.nodes, child.name, [],
+                                              [helper.make_tensor_value_info(v, FLOAT, None) for v in values]))
+        if len(branches[0].output) != len(branches[1].output):
+            raise ValueError(f"If branches of {self.name} return {len(branches[0].output)} and "
+                             f"{len(branches[1].output)} values")
+        outputs = self.op("If", condition, outputs=len(branches[0].output), then_branch=branches[0],
+                          else_branch=branches[1])
+        return outputs if isinstance(outputs, list) else [outputs]
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes):
         names = [self.fresh(op_type.lower()) for _ in range(outputs)]
@@ -73,37 +110,39 @@ class Graph:
     def model(self) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         opsets = [helper.make_opsetid("", OPSET)]
-        if any(node.domain == "com.microsoft" for node in self.nodes):  # ONNX Runtime's fused kernels
+        if any(node.domain == "com.microsoft" for node in all_nodes(self.nodes)):  # ONNX Runtime's fused kernels
             opsets.append(helper.make_opsetid("com.microsoft", 1))
         if self.quantize:
             constant = {tensor.name for tensor in self.initializers}
-            left = [node.name or node.output[0] for node in self.nodes
+            left = [node.name or node.output[0] for node in all_nodes(self.nodes)
                     if node.op_type in ("MatMul", "Gemm") and constant.intersection(node.input)]
             assert not left, f"float products with constant weights left in the int8 graph: {left}"
         model = helper.make_model(graph, opset_imports=opsets, producer_name="fairseq_memattn")
         model.ir_version = 8
-        onnx.checker.check_model(model, full_check=not any(node.domain for node in self.nodes))
+        onnx.checker.check_model(model, full_check=not any(node.domain for node in all_nodes(self.nodes)))
         return model
 
     # --- layers -------------------------------------------------------------------
 
     def product(self, x: str, weight, hint: str = "weight") -> str:
         """x W for a constant W (in x out). int8: W symmetric per output column, x symmetric per row
-        (its own max |x|), so that no row's result depends on the other rows of its batch."""
+        (its own max |x|), so that no row's result depends on the other rows of its batch. W takes
+        7 bits (|w| <= 63): x is uint8 around 128, and CPUs without VNNI (AVX2) add pairs of
+        uint8 x int8 products in int16, which 255 x 127 x 2 overflows and 255 x 63 x 2 does not."""
         weight = as_array(weight)
         if self.quantize != "int8":
             return self.op("MatMul", x, self.weight(weight, hint))
         column_max = np.maximum(np.abs(weight).max(axis=0), TINY)
-        w_int8 = np.rint(weight * (127 / column_max)).astype(np.int8)
+        w_int8 = np.rint(weight * (WEIGHT_LEVELS / column_max)).astype(np.int8)
         if x not in self.int8_rows:
             row_max = self.op("Max", self.op("ReduceMax", self.op("Abs", x), axes=[-1], keepdims=1), self.const(TINY))
             # uint8 around 128 for the u8 x s8 kernels: round(127 x / row max) + 128
             self.int8_rows[x] = (self.op("QuantizeLinear", self.op("Div", x, row_max), self.const(1 / 127),
                                          self.const(128, np.uint8)), row_max)
         x_uint8, row_max = self.int8_rows[x]
-        # product * row max * column max / 127^2; a 1-D b_scale is per column, a_scale [..., 1] per row
+        # product * row max * column max / (127 x 63); a 1-D b_scale is per column, a_scale [..., 1] per row
         return self.op("MatMulIntegerToFloat", x_uint8, self.weight(w_int8, hint), row_max,
-                       self.weight((column_max / 127 ** 2).astype(np.float32), hint + "_scale"),
+                       self.weight((column_max / (127 * WEIGHT_LEVELS)).astype(np.float32), hint + "_scale"),
                        self.const(128, np.uint8), domain="com.microsoft")
 
     def embedding(self, table, ids: str, hint: str = "embed") -> str:
@@ -151,6 +190,10 @@ class Graph:
         if name == "linear":
             return x
         raise ValueError(f"unsupported --activation-fn: {name!r} (the export has relu, gelu, tanh, linear)")
+
+    def dims(self, x: str, start: int, end: int) -> str:
+        """x's sizes along axes start..end-1 (int64, 1-D)."""
+        return self.op("Slice", self.op("Shape", x), self.const([start], np.int64), self.const([end], np.int64))
 
     def split_heads(self, x: str, heads: int, head_dim: int) -> str:
         """B x L x D -> B x H x L x D/H"""

@@ -17,6 +17,7 @@ built from its submodules' weights.
 
 import numpy as np
 
+from ..modules.memory_reads import ShortSource
 from .graph import FLOAT, INT64, Graph, as_array
 from .search import beam_candidates
 
@@ -94,7 +95,7 @@ def memory_names(model):
             for part in layer.encoder_attn.memory_parts]
 
 
-def encoder_graph(model, activation: str, quantize: str = None) -> Graph:
+def encoder_graph(model, activation: str, quantize: str = None, short_rows: int = 0) -> Graph:
     encoder = model.encoder
     g = Graph("memattn_transformer_encoder", quantize)
     tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
@@ -117,12 +118,22 @@ def encoder_graph(model, activation: str, quantize: str = None) -> Graph:
     written = [writer.onnx_write(g, x, padding, tokens_mask_f, s, lengths) for writer in encoder.writers]
     alpha = g.op("Concat", *[g.op("Unsqueeze", a, g.const([1], np.int64)) for _, a in written], axis=1)
     g.output(alpha, "alpha", FLOAT, ["batch", len(written), "src_len", encoder.writers[0].num_contexts])
-    names = iter(memory_names(model))
-    for layer in model.decoder.layers:
-        read = layer.encoder_attn
-        projected = read.onnx_project(g, written[read.memory_index][0])
-        for part in read.memory_parts:
-            g.output(projected[part], next(names), FLOAT, read.memory_shape("batch"))
+    reads = [layer.encoder_attn for layer in model.decoder.layers]
+
+    def from_contexts(b):
+        return [part for read in reads for part in read.onnx_project(b, written[read.memory_index][0]).values()]
+
+    def from_states(b):
+        return [part for read in reads for part in read.onnx_project_states(b, x).values()]
+
+    if short_rows:  # a source shorter than short_rows keeps |S| rows (ShortSource), a longer one K
+        shorter = g.op("Less", g.dims(tokens, 1, 2), g.const([short_rows], np.int64))
+        memory = g.branch(g.op("Squeeze", shorter), from_states, from_contexts)
+    else:
+        memory = from_contexts(g)
+    shapes = [read.memory_shape("batch") for read in reads for _ in read.memory_parts]
+    for value, name, shape in zip(memory, memory_names(model), shapes):
+        g.output(value, name, FLOAT, shape)
     return g
 
 
@@ -158,7 +169,7 @@ def _cached_self_attention(g: Graph, x: str, attention, index: int, new_position
     return g.linear(out, attention.out_proj)
 
 
-def decoder_graph(model, activation: str, quantize: str = None) -> Graph:
+def decoder_graph(model, activation: str, quantize: str = None, short_rows: int = 0) -> Graph:
     decoder = model.decoder
     K = model.encoder.writers[0].num_contexts
     g = Graph("memattn_transformer_decoder_step", quantize)
@@ -174,6 +185,11 @@ def decoder_graph(model, activation: str, quantize: str = None) -> Graph:
         read = layer.encoder_attn
         memories.append({part: g.input(next(names), FLOAT, read.memory_shape("sources"))
                          for part in read.memory_parts})
+    shorts = [None] * len(decoder.layers)
+    if short_rows:  # short sources' memory: their |S| states, read through alpha (empty for K rows)
+        alpha = g.input("alpha", FLOAT, ["sources", len(model.encoder.writers), "src_len", K])
+        shorter = g.op("Squeeze", g.op("Greater", g.dims(alpha, 2, 3), g.const([0], np.int64)))
+        shorts = [ShortSource(shorter, alpha, layer.encoder_attn.memory_index) for layer in decoder.layers]
     # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
     x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
     new_positions, weights = [], None
@@ -181,9 +197,9 @@ def decoder_graph(model, activation: str, quantize: str = None) -> Graph:
         x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
                       lambda y, a=layer.self_attn, i=index: _cached_self_attention(g, y, a, i, new_positions))
 
-        def read_memory(y, read=layer.encoder_attn, memory=memories[index]):
+        def read_memory(y, read=layer.encoder_attn, memory=memories[index], short=shorts[index]):
             nonlocal weights
-            out, weights = read.onnx_read(g, y, memory)
+            out, weights = read.onnx_read(g, y, memory, short)
             return out
 
         x = _sublayer(g, x, layer.encoder_attn_layer_norm, layer.normalize_before, read_memory)
@@ -203,10 +219,22 @@ def decoder_graph(model, activation: str, quantize: str = None) -> Graph:
     return g
 
 
-def build(model, quantize: str = None):
-    """The graphs and the config the translator needs."""
+def default_short_rows(k: int) -> int:
+    """Sources of fewer tokens (EOS included) keep |S| memory rows by default: below K / 2, where
+    reading |S| rows through alpha costs less than reading K (results/speed/deploy_small.md)."""
+    return k // 2
+
+
+def build(model, quantize: str = None, short_rows: int = None):
+    """The graphs and the config the translator needs. ``short_rows``: sources shorter than this
+    keep their memory as |S| rows (``ShortSource``); None: ``default_short_rows``, 0: never."""
     activation = model.cfg.activation_fn if hasattr(model, "cfg") else model.args.activation_fn
     layers = model.decoder.layers
+    k = model.encoder.writers[0].num_contexts
+    short_rows = default_short_rows(k) if short_rows is None else short_rows
+    if not 0 <= short_rows <= k:
+        raise ValueError(f"invalid --short-source-rows: {short_rows} (from 0, never, to the model's "
+                         f"--memory-k {k})")
     config = {
         "model": "transformer_memattn",
         "memory_read": layers[0].encoder_attn.name,
@@ -219,5 +247,7 @@ def build(model, quantize: str = None):
                                  for layer in layers],
         "source_padding": "left",
     }
-    return {"encoder": encoder_graph(model, activation, quantize),
-            "decoder": decoder_graph(model, activation, quantize)}, config
+    if short_rows:
+        config["short_source_rows"] = short_rows
+    return {"encoder": encoder_graph(model, activation, quantize, short_rows),
+            "decoder": decoder_graph(model, activation, quantize, short_rows)}, config

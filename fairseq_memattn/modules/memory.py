@@ -242,15 +242,21 @@ class MemoryMix(nn.Module):
         """c = beta C (Eq. 6): B x T x E in float32 or wider, for contexts B x K x E."""
         return sum_of_products(beta, contexts)
 
-    def onnx_mix(self, g, query: str, contexts: str) -> Tuple[str, str]:
+    def onnx_mix(self, g, query: str, contexts: str, short=None) -> Tuple[str, str]:
         """Eq. 7 then Eq. 6 in ONNX for N = rows x group hypotheses (query N x H, the
         hypotheses of a source consecutive; contexts rows x K x E): (c: N x E, beta: rows x
-        group x K)."""
+        group x K). ``short`` (memory_reads.ShortSource): contexts may be rows x |S| x E, a short
+        source's projected states H W^T, mixed through alpha: (beta alpha^T) H W^T."""
         K = self.W_beta.weight.shape[0]
         beta = onnx_score_function(g, self.decoder_score, g.linear(query, self.W_beta), axis=-1)  # Eq. 7
         rows = g.op("Slice", g.op("Shape", contexts), g.const([0], np.int64), g.const([1], np.int64))
         beta = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))
-        mixed = g.op("MatMul", beta, contexts)  # Eq. 6
+        if short is None:
+            mixed = g.op("MatMul", beta, contexts)  # Eq. 6
+        else:
+            mixed, = g.branch(short.condition,
+                              lambda b: [b.op("MatMul", b.op("MatMul", beta, short.alpha_rows(b)[1]), contexts)],
+                              lambda b: [b.op("MatMul", beta, contexts)])
         width = g.op("Slice", g.op("Shape", contexts), g.const([2], np.int64), g.const([3], np.int64))
         return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
 

@@ -144,10 +144,32 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
         """:meth:`project_memory` in ONNX."""
         raise NotImplementedError
 
-    def onnx_read(self, g, x: str, memory: Dict[str, str]) -> Tuple[str, str]:
-        """:meth:`read` in ONNX for N = rows x group hypotheses (x: N x D, a source's
-        hypotheses consecutive): (output N x D, weights rows x group x K, mean over heads)."""
+    def onnx_project_states(self, g, states: str) -> Dict[str, str]:
+        """The same parts for a short source, from its states H (B x S x E) instead of C = alpha^T H:
+        each part is linear in C, so its |S| rows of H projected stand for the K rows, read through
+        alpha (``ShortSource``); biases are left to the read."""
         raise NotImplementedError
+
+    def onnx_read(self, g, x: str, memory: Dict[str, str], short: "ShortSource" = None) -> Tuple[str, str]:
+        """:meth:`read` in ONNX for N = rows x group hypotheses (x: N x D, a source's
+        hypotheses consecutive): (output N x D, weights rows x group x K, mean over heads).
+        ``short``: the memory may hold the parts of :meth:`onnx_project_states` instead."""
+        raise NotImplementedError
+
+
+class ShortSource:
+    """In the exported decoder step, whether the memory holds each source's |S| projected states
+    (``condition``, a bool: alpha is not empty) rather than K projected contexts, and the write
+    weights alpha (rows x M x S x K, graph input ``alpha``) to read them through:
+    sum_k w_k (alpha^T H W^T)_k = (w alpha^T) (H W^T). Fewer rows to read while |S| < K."""
+
+    def __init__(self, condition: str, alpha: str, memory_index: int):
+        self.condition, self.alpha, self.memory_index = condition, alpha, memory_index
+
+    def alpha_rows(self, g) -> Tuple[str, str]:
+        """(alpha of this memory, rows x S x K; its transpose, rows x K x S)."""
+        alpha = g.op("Gather", self.alpha, g.const(self.memory_index, np.int64), axis=1)
+        return alpha, g.op("Transpose", alpha, perm=[0, 2, 1])
 
 
 class AttentionRead(MemoryRead, MultiheadAttention):
@@ -187,20 +209,47 @@ class AttentionRead(MemoryRead, MultiheadAttention):
         return self.out_proj(out), weights
 
     def memory_shape(self, rows):
-        return [rows, self.num_heads, "memory_k", self.head_dim]
+        return [rows, self.num_heads, "memory_rows", self.head_dim]
 
     def onnx_project(self, g, contexts):
         return {part: g.split_heads(g.linear(contexts, proj), self.num_heads, self.head_dim)
                 for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
 
-    def onnx_read(self, g, x, memory):
+    def onnx_project_states(self, g, states):
+        return {part: g.split_heads(g.linear(states, proj, bias=False), self.num_heads, self.head_dim)
+                for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
+
+    def onnx_read(self, g, x, memory, short=None):
         rows = g.op("Slice", g.op("Shape", memory["value"]), g.const([0], np.int64), g.const([1], np.int64))
         q = g.op("Mul", g.linear(x, self.q_proj), g.const(self.scaling))
         shape = g.op("Concat", rows, g.const([-1, self.num_heads, self.head_dim], np.int64), axis=0)
         q = g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])  # R x H x G x D/H
-        out, weights = g.attend(q, memory["key"], memory["value"])
+        if short is None:
+            out, weights = g.attend(q, memory["key"], memory["value"])
+        else:
+            out, weights = g.branch(short.condition, lambda b: self.onnx_attend_states(b, q, memory, short),
+                                    lambda b: b.attend(q, memory["key"], memory["value"]))
         out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, self.embed_dim], np.int64))
         return g.linear(out, self.out_proj), g.op("ReduceMean", weights, axes=[1], keepdims=0)
+
+    def onnx_attend_states(self, g, q, memory, short):
+        """g.attend over the K rows alpha^T H W^T + b, from H W^T (R x H x S x D/H): the scores
+        (q W_k H^T) alpha, less q b_k, the same for every row, which the softmax ignores; the output
+        (w alpha^T) H W_v^T + b_v, as the weights sum to 1. The heads and queries of a source go
+        through alpha together (R products, not R x H)."""
+        alpha, alpha_t = short.alpha_rows(g)
+        key, value = memory["key"], memory["value"]
+        rows, queries, width, k = g.dims(q, 0, 1), g.dims(q, 0, 3), g.dims(key, 2, 3), g.dims(alpha, 2, 3)
+        by_source = g.op("Concat", rows, g.const([-1], np.int64), width, axis=0)  # R x HG x S
+        states = g.op("Reshape", g.op("MatMul", q, g.op("Transpose", key, perm=[0, 1, 3, 2])), by_source)
+        scores = g.op("Reshape", g.op("MatMul", states, alpha), g.op("Concat", queries, k, axis=0))
+        weights = g.op("Softmax", scores, axis=-1)  # R x H x G x K
+        through = g.op("MatMul", g.op("Reshape", weights, g.op("Concat", rows, g.const([-1], np.int64), k, axis=0)),
+                       alpha_t)  # R x HG x S
+        out = g.op("MatMul", g.op("Reshape", through, g.op("Concat", queries, width, axis=0)), value)
+        if self.v_proj.bias is not None:
+            out = g.op("Add", out, g.weight(self.v_proj.bias.reshape(self.num_heads, 1, self.head_dim), "value_bias"))
+        return out, weights
 
 
 class MixRead(MemoryRead, MemoryMix):
@@ -252,13 +301,16 @@ class MixRead(MemoryRead, MemoryMix):
         return out, beta.unsqueeze(1)
 
     def memory_shape(self, rows):
-        return [rows, "memory_k", self.out_proj.weight.shape[0]]
+        return [rows, "memory_rows", self.out_proj.weight.shape[0]]
 
     def onnx_project(self, g, contexts):
         return {"value": g.linear(contexts, self.out_proj, bias=False)}
 
-    def onnx_read(self, g, x, memory):
-        out, beta = self.onnx_mix(g, x, memory["value"])
+    def onnx_project_states(self, g, states):
+        return self.onnx_project(g, states)
+
+    def onnx_read(self, g, x, memory, short=None):
+        out, beta = self.onnx_mix(g, x, memory["value"], short)
         return g.op("Add", out, g.weight(self.out_proj.bias, "b_o")), beta
 
 
