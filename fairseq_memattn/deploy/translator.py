@@ -161,7 +161,7 @@ class Translator:
                     finalized[row] = hypotheses
             return finalized
         beam = min(beam, len(self.tgt_dict) - 1)  # as SequenceGenerator clamps it
-        # Columns of padding only go: a short source's memory rows then stay fewer than K.
+        # Columns of padding only go: a batch of short sources then holds no more memory rows than it needs.
         src_tokens = self.padded_as_exported(src_tokens[:, (src_tokens != self.config["source_pad"]).any(axis=0)])
         max_lens = self.batch_max_lens(src_tokens, max_len_a, max_len_b, min_len)
         encoded = self.encode(src_tokens)
