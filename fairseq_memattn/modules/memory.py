@@ -249,7 +249,7 @@ class MemoryMix(nn.Module):
         source's projected states H W^T, mixed through alpha: (beta alpha^T) H W^T."""
         K = self.W_beta.weight.shape[0]
         beta = onnx_score_function(g, self.decoder_score, g.linear(query, self.W_beta), axis=-1)  # Eq. 7
-        rows = g.op("Slice", g.op("Shape", contexts), g.const([0], np.int64), g.const([1], np.int64))
+        rows = g.dims(contexts, 0, 1)
         beta = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))
         if short is None:
             mixed = g.op("MatMul", beta, contexts)  # Eq. 6
@@ -257,7 +257,7 @@ class MemoryMix(nn.Module):
             mixed, = g.branch(short.condition,
                               lambda b: [b.op("MatMul", b.op("MatMul", beta, short.alpha_rows(b)[1]), contexts)],
                               lambda b: [b.op("MatMul", beta, contexts)])
-        width = g.op("Slice", g.op("Shape", contexts), g.const([2], np.int64), g.const([3], np.int64))
+        width = g.dims(contexts, 2, 3)
         return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
 
 

@@ -220,7 +220,7 @@ class AttentionRead(MemoryRead, MultiheadAttention):
                 for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
 
     def onnx_read(self, g, x, memory, short=None):
-        rows = g.op("Slice", g.op("Shape", memory["value"]), g.const([0], np.int64), g.const([1], np.int64))
+        rows = g.dims(memory["value"], 0, 1)
         q = g.op("Mul", g.linear(x, self.q_proj), g.const(self.scaling))
         shape = g.op("Concat", rows, g.const([-1, self.num_heads, self.head_dim], np.int64), axis=0)
         q = g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])  # R x H x G x D/H
