@@ -10,9 +10,10 @@ the command line in fairseq-train, the checkpoint's saved options and
 """
 
 import argparse
+import contextlib
+import contextvars
 import dataclasses
 import re
-import sys
 from typing import Dict, Tuple
 
 from .errors import UserError
@@ -116,23 +117,23 @@ def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, T
             if None not in (saved[name], built.get(name)) and saved[name] != built[name]}
 
 
-def loading_context(frame=None):
-    """Where the options of the model a checkpoint is being loaded into came from, read off
-    the call stack: ("train", path, None) when fairseq's Trainer restores a checkpoint into
-    the model built from the command line (--restore-file, or --save-dir's
-    checkpoint_last.pt); ("saved", path, overrides) when fairseq builds the model from the
-    checkpoint's saved options and --model-overrides (fairseq-generate, -interactive,
-    -validate, the hub, our plot); (None, None, None) otherwise (a model built in Python).
-    ``frame``: where to start looking (default: the caller)."""
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        module, function = frame.f_globals.get("__name__"), frame.f_code.co_name
-        if module == "fairseq.trainer" and function == "load_checkpoint":
-            return "train", frame.f_locals.get("filename"), None
-        if module == "fairseq.checkpoint_utils" and function == "load_model_ensemble_and_task":
-            return "saved", frame.f_locals.get("filename"), frame.f_locals.get("arg_overrides") or {}
-        frame = frame.f_back
-    return None, None, None
+# Where the options of the model a checkpoint is being loaded into came from, set by the plugin's
+# wrappers of fairseq's loaders (plugin.py): (context, path, overrides), see ``loading``.
+_loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None, None))
+
+
+@contextlib.contextmanager
+def loading(context: str, path: str, overrides: dict = None):
+    """While fairseq loads checkpoint ``path``: ``context`` "train" when its Trainer restores it into
+    the model built from the command line (--restore-file, or --save-dir's checkpoint_last.pt);
+    "saved" when it builds the model from the checkpoint's saved options and ``overrides``
+    (--model-overrides: fairseq-generate, -interactive, -validate, the hub, our plot). A model
+    built in Python and loaded outside of both has neither."""
+    token = _loading.set((context, path, overrides or {}))
+    try:
+        yield
+    finally:
+        _loading.reset(token)
 
 
 def as_option(name: str, value) -> str:
@@ -147,12 +148,11 @@ def as_option(name: str, value) -> str:
     return f"{flag} {str(value).replace('/', ' or ')}"
 
 
-def checkpoint_misfit(differences: Dict[str, Tuple[object, object]], frame=None) -> UserError:
+def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserError:
     """The error for a checkpoint whose weights do not fit the model built for it: each
     option that differs with both values ({name: (checkpoint's, model's)}), and how to make
-    them fit where the model's options came from in this process (``loading_context`` of
-    ``frame``, by default the caller's)."""
-    context, path, overrides = loading_context(frame or sys._getframe(1))
+    them fit where the model's options came from (``loading``)."""
+    context, path, overrides = _loading.get()
     found = "; ".join(f"checkpoint has {name}={saved} but the model was built with {name}={built}"
                       for name, (saved, built) in differences.items())
     options = [name for name in differences if not name.endswith("vocabulary size")]

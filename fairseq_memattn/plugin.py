@@ -1,7 +1,8 @@
 """Registration with fairseq: the architectures and tasks, checkpoints loadable under torch's
 ``weights_only``, and fairseq's loading and batching made to raise our ``UserError`` where they
 meet an error a user can fix (a checkpoint that is missing or unreadable, a source longer than
-the position encodings' S). In one of fairseq's command lines it also installs the hook that
+the position encodings' S), and name the options to fix a checkpoint that does not fit where
+they came from. In one of fairseq's command lines it also installs the hook that
 prints such an error in one line (``errors.install_hook``).
 
 ``fairseq_memattn.register()`` runs this once per process; the package runs it on import when
@@ -9,6 +10,7 @@ fairseq is already imported, which is always so when fairseq loads it through ``
 """
 
 import functools
+import inspect
 import weakref
 
 from .errors import UserError, fairseq_command_line, install_hook
@@ -37,6 +39,7 @@ def register() -> None:
     checkpoint_safety.allow_fairseq_checkpoints()
     checkpoint_safety.guard_fairseq_loading()
     guard_model_loading()
+    guard_training_restore()
     guard_source_lengths()
     if fairseq_command_line():
         install_hook()
@@ -45,21 +48,28 @@ def register() -> None:
 
 def guard_model_loading() -> None:
     """fairseq's ensemble loader (-generate, -interactive, the hub): a missing checkpoint is a
-    UserError naming it, and the position encodings' S of the models loaded for a task is kept
-    for ``guard_source_lengths``."""
+    UserError naming it, a checkpoint that does not fit its saved options names
+    --model-overrides (``checkpoint_fit.loading``), and the position encodings' S of the models
+    loaded for a task is kept for ``guard_source_lengths``."""
     from fairseq import checkpoint_utils
 
+    from .checkpoint_fit import loading
     from .checkpoint_safety import CheckpointError
     from .models.memory_options import position_encoding_limit
 
     load = checkpoint_utils.load_model_ensemble_and_task
     if getattr(load, "guarded", False):
         return
+    signature = inspect.signature(load)
 
     @functools.wraps(load)
     def guarded(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        filenames = list(call.arguments["filenames"])
+        path = filenames[0] if len(filenames) == 1 else f"one of {', '.join(map(str, filenames))}"
         try:
-            models, cfg, task = load(*args, **kwargs)
+            with loading("saved", path, call.arguments.get("arg_overrides")):
+                models, cfg, task = load(*args, **kwargs)
         except OSError as error:
             if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
                 raise CheckpointError(f"checkpoint not found: {str(error).split(': ', 1)[1]}") from error
@@ -71,6 +81,27 @@ def guard_model_loading() -> None:
 
     guarded.guarded = True
     checkpoint_utils.load_model_ensemble_and_task = guarded
+
+
+def guard_training_restore() -> None:
+    """fairseq's Trainer restoring a checkpoint (fairseq-train's --restore-file, or --save-dir's
+    checkpoint_last.pt) into the model built from the command line: a checkpoint that does not fit
+    names the options to give (``checkpoint_fit.loading``)."""
+    from fairseq.trainer import Trainer
+
+    from .checkpoint_fit import loading
+
+    restore = Trainer.load_checkpoint
+    if getattr(restore, "guarded", False):
+        return
+
+    @functools.wraps(restore)
+    def guarded(self, filename, *args, **kwargs):
+        with loading("train", filename):
+            return restore(self, filename, *args, **kwargs)
+
+    guarded.guarded = True
+    Trainer.load_checkpoint = guarded
 
 
 def source_length(dataset, index) -> int:

@@ -7,6 +7,7 @@ the mix read."""
 
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -292,8 +293,17 @@ def test_quant_noise_wraps_the_reads_linear_layers(dictionary, memory_read):
 ])
 def test_checkpoint_that_does_not_fit_names_the_option(per_layer_checkpoint, overrides, message):
     """Options that change the memory's parameters, overridden at load time: one line naming them."""
-    with pytest.raises(ValueError, match=f"does not fit the model: {message}; --model-overrides sets "):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(per_layer_checkpoint))} does not fit the model: {message}; "
+                                         "--model-overrides sets "):
         load(per_layer_checkpoint, **overrides)
+
+
+@pytest.mark.slow
+def test_misfit_in_an_ensemble_names_its_checkpoints(per_layer_checkpoint):
+    paths = [str(per_layer_checkpoint)] * 2
+    with pytest.raises(ValueError, match=f"^one of {re.escape(', '.join(paths))} does not fit the model: checkpoint "
+                                         "has memory_k=4 but the model was built with memory_k=8; "):
+        checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides={"memory_k": 8})
 
 
 def test_non_strict_load_refuses_only_what_changes_a_shape(dictionary):
