@@ -4,10 +4,19 @@ forced to that length, the median of --repeats translations of the whole batch b
 
     python -m experiments.export_ab.run BEFORE AFTER --threads 1 --lengths 10 20 30 50 --sources 64 --beam 4
 
-Prints a markdown table: seconds of each export and AFTER's time over BEFORE's.
+With --before-code CHECKOUT (a checkout of the repository at an earlier commit, e.g. made by
+``git worktree add CHECKOUT COMMIT``), BEFORE is translated by that checkout's translator: a change
+to the translator timed on one export (BEFORE and AFTER may be the same folder).
+
+Prints a markdown table: seconds of each export and AFTER's time over BEFORE's, and the median
+milliseconds of a batch's first decoder step and of its later ones.
 """
 
 import argparse
+import importlib
+import importlib.util
+import os
+import sys
 import time
 
 import numpy as np
@@ -25,24 +34,67 @@ def main(argv=None):
     p.add_argument("--sources", type=int, default=64)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--before-code", metavar="CHECKOUT", help="translate BEFORE with this checkout's translator")
     args = p.parse_args(argv)
-    translators = [Translator(folder, session_options=default_session_options(args.threads))
-                   for folder in (args.before, args.after)]
+    before_translator = translator_of(args.before_code) if args.before_code else Translator
+    kinds = (before_translator, Translator)
+    step_times = []
+    for kind in kinds:
+        time_steps(kind, step_times)
+    translators = [kind(folder, session_options=default_session_options(args.threads))
+                   for kind, folder in zip(kinds, (args.before, args.after))]
     rng = np.random.default_rng(0)
     print(f"{args.sources} sources, beam {args.beam}, {args.threads} thread(s), median of {args.repeats}\n")
-    print("| \\|S\\| = \\|T\\| | before | after | after / before |\n|---:|---:|---:|---:|")
+    print("| \\|S\\| = \\|T\\| | before | after | after / before | first step, ms (before, after) "
+          "| a later step, ms (before, after) |\n|---:|---:|---:|---:|---:|---:|")
     for length in args.lengths:
         src, options = forced_batch(translators[0], rng, args.sources, length, length, args.beam)
         seconds = [[], []]
         for translator in translators:
             translator.generate(src[:2], **options)  # warm-up
+        step_times.clear()
         for _ in range(args.repeats):
             for times, translator in zip(seconds, translators):
                 start = time.perf_counter()
                 translator.generate(src, **options)
                 times.append(time.perf_counter() - start)
         before, after = (float(np.median(t)) for t in seconds)
-        print(f"| {length} | {before:.3f} | {after:.3f} | {after / before:.2f} |", flush=True)
+        first, later = ([np.median([t for session, step, t in step_times
+                                    if session is translator.decoder and (step > 0) == part]) * 1000
+                         for translator in translators] for part in (False, True))
+        print(f"| {length} | {before:.3f} | {after:.3f} | {after / before:.2f} | {first[0]:.1f}, {first[1]:.1f} "
+              f"| {later[0]:.1f}, {later[1]:.1f} |", flush=True)
+
+
+def time_steps(translator_class, times: list) -> None:
+    """Appends (decoder session, step, seconds) to ``times`` for every decoder step that the class's
+    translators run from now on."""
+    decoder_run = sys.modules[translator_class.__module__].DecoderRun
+    if getattr(decoder_run.step, "timed", False):
+        return
+    step = decoder_run.step
+
+    def timed(self, tokens, position, *args):
+        start = time.perf_counter()
+        result = step(self, tokens, position, *args)
+        times.append((self.session, position, time.perf_counter() - start))
+        return result
+
+    timed.timed = True
+    decoder_run.step = timed
+
+
+def translator_of(checkout: str):
+    """The Translator class of another checkout's package, imported under another name."""
+    package = os.path.join(os.path.abspath(checkout), "fairseq_memattn")
+    if not os.path.isfile(os.path.join(package, "deploy", "translator.py")):
+        raise SystemExit(f"--before-code: {checkout} has no fairseq_memattn/deploy/translator.py")
+    name = "fairseq_memattn_before"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(package, "__init__.py"),
+                                                  submodule_search_locations=[package])
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(f"{name}.deploy.translator").Translator
 
 
 if __name__ == "__main__":

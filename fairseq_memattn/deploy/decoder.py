@@ -9,20 +9,21 @@ import numpy as np
 from .cache import SelfAttentionCache
 
 
-def initial_state(config: dict, encoded: Dict[str, np.ndarray], hypotheses: int) -> Dict[str, np.ndarray]:
-    """The decoder's state before the first step, one row per hypothesis."""
+def initial_state(config: dict, encoded: Dict[str, np.ndarray], sources: int) -> Dict[str, np.ndarray]:
+    """The decoder's state before the first step: one row per source, as the first step runs."""
     state = {}
     for entry in config["decoder_state"]:
-        if "from" in entry:  # one row per source from the encoder, one per hypothesis here
-            rows = encoded[entry["from"]]
-            state[entry["name"]] = np.repeat(rows, hypotheses // len(rows), axis=0)
+        if "from" in entry:  # from the encoder
+            state[entry["name"]] = np.ascontiguousarray(encoded[entry["from"]])
         else:
-            state[entry["name"]] = np.zeros((hypotheses, *entry["zeros"]), np.float32)
+            state[entry["name"]] = np.zeros((sources, *entry["zeros"]), np.float32)
     return state
 
 
 class DecoderRun:
-    """The decoder step over one batch's hypotheses (``hypotheses`` rows, up to ``steps`` positions)."""
+    """The decoder step over one batch's hypotheses (``hypotheses`` rows, up to ``steps`` positions).
+    The first step runs one row per source (BeamSearch.run); its state and cache then stand for
+    each of the source's hypotheses."""
 
     def __init__(self, session, ort, config: dict, encoded: Dict[str, np.ndarray], hypotheses: int, steps: int):
         self.session, self.outputs = session, [o.name for o in session.get_outputs()]
@@ -30,8 +31,10 @@ class DecoderRun:
         names = config["memory_outputs"] + (["alpha"] if "short_source_rows" in config else [])
         self.memory_rows = {name: encoded[name] for name in names}
         self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
+        sources = len(encoded[names[0]])
+        self.hypotheses = hypotheses
         self.state = {name: self.ort_value(value)
-                      for name, value in initial_state(config, encoded, hypotheses).items()}
+                      for name, value in initial_state(config, encoded, sources).items()}
         layers = config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
         self.cache = SelfAttentionCache(layers, hypotheses, steps, self.ort_value) if layers else None
         self.kept_rows = None  # after sentences left the batch: the rows of the state before
@@ -54,11 +57,13 @@ class DecoderRun:
         arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
         values = {**self.state, **self.memory}
         cache = self.cache
+        rows = len(tokens)
         if cache is None:  # the state is reordered by the graph
             arrays["reorder"] = reorder
         else:
-            cache.reorder(reorder)
-            arrays["history"] = cache.history(step)
+            if step:
+                cache.reorder(reorder)
+            arrays["history"] = cache.history(step, rows)
             values.update(cache.inputs)
         binding = self.session.io_binding()
         for name, value in arrays.items():
@@ -69,9 +74,13 @@ class DecoderRun:
             if cache is None or name not in cache.tables:
                 binding.bind_output(name, "cpu")
         if cache is not None:
-            cache.bind_new_position(binding, step)
+            cache.bind_new_position(binding, step, rows)
         self.session.run_with_iobinding(binding)
         outputs = dict(zip(self.outputs, binding.get_outputs()))
         self.state = {name: outputs["new_" + name] for name in self.state}
+        if not step and rows < self.hypotheses:  # the first step's row of a source, for each of its hypotheses
+            beam = self.hypotheses // rows
+            self.state = {name: self.ort_value(np.repeat(value.numpy(), beam, axis=0))
+                          for name, value in self.state.items()}
         return (outputs["candidate_scores"].numpy(), outputs["candidate_indices"].numpy(),
                 outputs["read_weights"].numpy())

@@ -43,7 +43,6 @@ class BeamSearch:
         sources = len(max_lens)
         rows = sources * beam
         self.lprob_edits = edit_table(vocab, eos, pad, unk, unk_penalty)
-        self.first_hypotheses = np.where(np.arange(rows) % beam == 0, 0, NEG_INF).astype(np.float32)
         self.tokens = np.full((rows, self.max_len + 2), pad, np.int64)
         self.tokens[:, 0] = eos
         self.scores = np.zeros((rows, self.max_len + 1), np.float32)
@@ -53,16 +52,20 @@ class BeamSearch:
         self.finished = [False] * sources
         self.sentence_ids = np.arange(sources)  # the original sentence of each row still decoded
         self.remaining = sources
-        self.reorder = np.arange(rows)  # the row of the previous step each row continues
+        # the row of the previous step each row continues; the first step runs one row per source
+        self.reorder = np.arange(sources)
 
     def run(self, decoder) -> List[List[dict]]:
         """Each source's hypotheses, best first. ``decoder``: DecoderRun's ``step(tokens, step,
-        reorder, search inputs)`` and ``keep(sources, rows)``."""
+        reorder, search inputs)`` and ``keep(sources, rows)``. A source's hypotheses start alike
+        (fairseq chooses among its first one's tokens at step 0), so the first step decodes one
+        row per source, whose state the decoder then gives each of its ``beam`` hypotheses."""
         for step in range(self.max_len + 1):
-            cand_scores, indices, read_weights = decoder.step(self.tokens[:, step], step, self.reorder,
+            rows = slice(None) if step else slice(None, None, self.beam)
+            cand_scores, indices, read_weights = decoder.step(self.tokens[rows, step], step, self.reorder,
                                                               self.search_inputs(step))
             if self.reads is not None:
-                self.reads[:, :, step + 1] = read_weights
+                self.reads[:, :, step + 1] = read_weights if step else np.repeat(read_weights, self.beam, axis=0)
             candidates = Candidates(cand_scores, indices, self.vocab, self.beam, self.eos)
             done = self.finalize_eos(step, candidates)
             if self.remaining == 0:
@@ -73,16 +76,17 @@ class BeamSearch:
         return [sorted(hypotheses, key=lambda h: -h["score"]) for hypotheses in self.finalized]
 
     def search_inputs(self, step: int) -> dict:
-        """export/search.py's inputs for this step."""
-        beam = self.beam
-        at_max_len = np.repeat(self.max_lens[self.sentence_ids] <= step, beam)
+        """export/search.py's inputs for this step (at step 0, one row per source)."""
+        rows_per_source = self.beam if step else 1
+        at_max_len = np.repeat(self.max_lens[self.sentence_ids] <= step, rows_per_source)
         return {
             "lprob_edits": self.lprob_edits,
             "edit_rows": np.where(at_max_len, 2, int(step < self.min_len)),
-            "hypothesis_scores": np.ascontiguousarray(self.scores[:, step - 1]) if step else self.first_hypotheses,
-            "beam": np.array([beam], np.int64),
+            "hypothesis_scores": (np.ascontiguousarray(self.scores[:, step - 1]) if step
+                                  else np.zeros(len(self.sentence_ids), np.float32)),
+            "beam": np.array([rows_per_source], np.int64),
             # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
-            "candidates": np.array([min(self.cand_size, (beam if step else 1) * self.vocab - 1)], np.int64),
+            "candidates": np.array([min(self.cand_size, rows_per_source * self.vocab - 1)], np.int64),
         }
 
     def finalize_eos(self, step: int, candidates: Candidates) -> List[int]:

@@ -10,7 +10,9 @@ source (the memory, projected once per source) stays at one row per source
 for all its hypotheses, as ``modules/beam_sharing.py`` keeps it in fairseq;
 only the decoder's own state is reordered per hypothesis: the LSTM's h and c,
 or for the Transformer each hypothesis's list of slots in a self-attention
-cache (``SelfAttentionCache``). The log-probabilities stay in the graph: it
+cache (``SelfAttentionCache``). The first step decodes one row per source, as
+a source's hypotheses all start alike, and its state then stands for each of
+them. The log-probabilities stay in the graph: it
 ends in the beam search's choice of candidates (export/search.py), and the
 translator keeps the hypotheses.
 
