@@ -65,11 +65,11 @@ def guard_model_loading() -> None:
     @functools.wraps(load)
     def guarded(*args, **kwargs):
         call = signature.bind(*args, **kwargs)
-        filenames = list(call.arguments["filenames"])
+        filenames = call.arguments["filenames"] = list(call.arguments["filenames"])
         path = filenames[0] if len(filenames) == 1 else f"one of {', '.join(map(str, filenames))}"
         try:
             with loading("saved", path, call.arguments.get("arg_overrides")):
-                models, cfg, task = load(*args, **kwargs)
+                models, cfg, task = load(*call.args, **call.kwargs)
         except OSError as error:
             if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
                 raise CheckpointError(f"checkpoint not found: {str(error).split(': ', 1)[1]}") from error
