@@ -27,18 +27,15 @@ class SelfAttentionCache:
     def reorder(self, rows: np.ndarray) -> None:
         self.slots = self.slots[rows]
 
-    def history(self, step: int, rows: int) -> np.ndarray:
-        """H x rows x step: the table row of each head's key and value at each past position (the
-        first step has no past and one row per source)."""
-        return self.slots[None, :rows, :step] * self.heads + np.arange(self.heads)[:, None, None]
+    def history(self, step: int) -> np.ndarray:
+        """H x N x step: the table row of each head's key and value at each past position."""
+        return self.slots[None, :, :step] * self.heads + np.arange(self.heads)[:, None, None]
 
-    def bind_new_position(self, binding, step: int, rows: int) -> None:
-        """The step's new keys and values (rows x H x D/H) are written to the rows of slots
-        step * self.rows + j; at the first step, one row per source, which each of the source's
-        hypotheses then reads."""
+    def bind_new_position(self, binding, step: int) -> None:
+        """The step's new keys and values (N x H x D/H) are written to the rows of slots step * rows + j."""
+        hypotheses = len(self.slots)
         first = step * self.rows * self.heads
         for name, table in self.tables.items():
-            binding.bind_output(name, "cpu", 0, np.float32, [rows, self.heads, table.shape[1]],
+            binding.bind_output(name, "cpu", 0, np.float32, [hypotheses, self.heads, table.shape[1]],
                                 table[first:].ctypes.data)
-        hypotheses = len(self.slots)
-        self.slots[:, step] = step * self.rows + np.arange(hypotheses) // (hypotheses // rows)
+        self.slots[:, step] = step * self.rows + np.arange(hypotheses)

@@ -22,8 +22,8 @@ def initial_state(config: dict, encoded: Dict[str, np.ndarray], sources: int) ->
 
 class DecoderRun:
     """The decoder step over one batch's hypotheses (``hypotheses`` rows, up to ``steps`` positions).
-    The first step runs one row per source (BeamSearch.run); its state and cache then stand for
-    each of the source's hypotheses."""
+    The first step runs one row per source (BeamSearch.run); the next step's reorder then reads
+    each hypothesis's state and cache from its source's row."""
 
     def __init__(self, session, ort, config: dict, encoded: Dict[str, np.ndarray], hypotheses: int, steps: int):
         self.session, self.outputs = session, [o.name for o in session.get_outputs()]
@@ -37,12 +37,14 @@ class DecoderRun:
                       for name, value in initial_state(config, encoded, sources).items()}
         layers = config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
         self.cache = SelfAttentionCache(layers, hypotheses, steps, self.ort_value) if layers else None
-        self.kept_rows = None  # after sentences left the batch: the rows of the state before
+        # after the first step or sentences leaving the batch: the row of the previous step's state
+        # (and cache) each hypothesis row stands for, applied by the next step's reorder
+        self.kept_rows = None
 
     def keep(self, sources: np.ndarray, rows: np.ndarray) -> None:
         """Only these sources (memory rows) and hypotheses (state rows) go on; the state is
         reordered once, by the next step."""
-        self.kept_rows = rows
+        self.kept_rows = rows if self.kept_rows is None else self.kept_rows[rows]
         self.memory_rows = {name: value[sources] for name, value in self.memory_rows.items()}
         self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
 
@@ -57,13 +59,11 @@ class DecoderRun:
         arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
         values = {**self.state, **self.memory}
         cache = self.cache
-        rows = len(tokens)
         if cache is None:  # the state is reordered by the graph
             arrays["reorder"] = reorder
         else:
-            if step:
-                cache.reorder(reorder)
-            arrays["history"] = cache.history(step, rows)
+            cache.reorder(reorder)
+            arrays["history"] = cache.history(step)
             values.update(cache.inputs)
         binding = self.session.io_binding()
         for name, value in arrays.items():
@@ -74,13 +74,11 @@ class DecoderRun:
             if cache is None or name not in cache.tables:
                 binding.bind_output(name, "cpu")
         if cache is not None:
-            cache.bind_new_position(binding, step, rows)
+            cache.bind_new_position(binding, step)
         self.session.run_with_iobinding(binding)
         outputs = dict(zip(self.outputs, binding.get_outputs()))
         self.state = {name: outputs["new_" + name] for name in self.state}
-        if not step and rows < self.hypotheses:  # the first step's row of a source, for each of its hypotheses
-            beam = self.hypotheses // rows
-            self.state = {name: self.ort_value(np.repeat(value.numpy(), beam, axis=0))
-                          for name, value in self.state.items()}
+        if not step:  # each hypothesis continues its source's row of the first step
+            self.kept_rows = np.arange(self.hypotheses) // (self.hypotheses // len(tokens))
         return (outputs["candidate_scores"].numpy(), outputs["candidate_indices"].numpy(),
                 outputs["read_weights"].numpy())
