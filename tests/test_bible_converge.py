@@ -25,18 +25,35 @@ def driver(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
-def test_run_then_report(own_pair_recipe, tmp_path):
-    data, bundle, out = own_pair_recipe["out"], tmp_path / "bundle", tmp_path / "out"
+# The four models of the two pairs and one LSTM variant, in one run that both tests below read.
+DRIVER_MODELS = [*converge.PAIR_MODELS, "lstm_memattn_no_position"]
+
+
+@pytest.fixture(scope="module")
+def driver_run(own_pair_recipe, tmp_path_factory):
+    """The GPU run's driver on CPU at toy size, then its report: (data, bundle, archive, names in it, results)."""
+    tmp = tmp_path_factory.mktemp("driver")
+    data, bundle, out = own_pair_recipe["out"], tmp / "bundle", tmp / "out"
     assert driver("pack", "--data", str(data), "--bundle", str(bundle), "--no-wheels").returncode == 0
-    # Batches of about 100 of the toy data's 2,000 sentences: 45 updates are 2-3 epochs, more than one
+    # Batches of about 100 of the toy data's 2,000 sentences: 60 updates are 2-3 epochs, more than one
     # epoch checkpoint to average.
-    ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp_path / "work"), "--cpu",
-                 "--smoke-updates", "1", "--max-update", "60", "--minutes", "8", "--decode-minutes", "2",
-                 "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES, "--generate-args", "--max-len-b 5")
+    ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp / "work"), "--cpu",
+                 "--models", *DRIVER_MODELS, "--smoke-updates", "1", "--max-update", "60", "--minutes", "15",
+                 "--decode-minutes", "2", "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES,
+                 "--generate-args", "--max-len-b 5")
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     with tarfile.open(out / converge.ARCHIVE) as tar:
         names = set(tar.getnames())
+    results = tmp / "results"
+    reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    return dict(data=data, bundle=bundle, archive=out / converge.ARCHIVE, names=names, results=results)
+
+
+@pytest.mark.slow
+def test_run_then_report(driver_run):
+    names, results = driver_run["names"], driver_run["results"]
+    assert {name.split("/")[1] for name in names if name.count("/") > 1} == {*DRIVER_MODELS, "convert"}  # --models only
     for model in converge.PAIR_MODELS:
         for name in ("command.txt", "train.log", "smoke.log", "best/hyp.test.fr", "best/hyp.valid.fr",
                      "average/hyp.test.fr", "average/hyp.valid.fr", "average/averaged.txt"):
@@ -48,9 +65,6 @@ def test_run_then_report(own_pair_recipe, tmp_path):
     for run in converge.CONVERT_RUNS:
         assert sum(re.fullmatch(rf"converged/convert/{run}_[1-9]\d*/hyp\.test\.fr", n) is not None for n in names) == 2
 
-    results = tmp_path / "results"
-    reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
-    assert reported.returncode == 0, reported.stderr[-3000:]
     table = (results / "table.md").read_text()
     for model in converge.PAIR_MODELS:
         row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
@@ -62,7 +76,7 @@ def test_run_then_report(own_pair_recipe, tmp_path):
         assert (results / model / "best" / "generate.test.txt.gz").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
     assert table.startswith("# Bible en-fr at convergence: memory attention against its baseline, on one CPU")
-    assert f"python -m recipes.bible.converge run --bundle {bundle} --out {out}" in table
+    assert f"python -m recipes.bible.converge run --bundle {driver_run['bundle']} --out {driver_run['archive'].parent}" in table
     for baseline in converge.PAIRS:
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
     conversion = table[table.index("## The converged transformer converted"):]
@@ -204,7 +218,8 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     from recipes.bible import converge_cpu
 
     data = own_pair_recipe["out"]
-    toy = ["--max-epoch", "3", "--train-args", "--max-tokens 1000 --batch-size 100 --warmup-updates 10 " + TOY_SIZES]
+    toy = ["--max-epoch", "3", "--convert-fractions", "0.2",
+           "--train-args", "--max-tokens 1000 --batch-size 100 --warmup-updates 10 " + TOY_SIZES]
     ran = cpu_driver(data, tmp_path, *toy)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     table = (tmp_path / "results" / "table.md").read_text()
@@ -214,7 +229,8 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
         assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "3"
         assert all(float(cell) >= 0 for cell in cells[6:10]) and float(cells[12]) > 0
     for label in ("transformer (the source)", "converted, before fine-tuning", "converted", "original"):
-        assert any(line.startswith(f"| {label} |") for line in table.splitlines()), label
+        assert sum(line.startswith(f"| {label} |") for line in table.splitlines()) == 1, label  # one fraction
+    assert "fine-tuned (all parameters) for 20 % of N" in table
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
     logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR}
 
@@ -266,25 +282,12 @@ def test_cpu_driver_refuses_logs_whose_checkpoints_are_gone(tmp_path):
 
 
 @pytest.mark.slow
-def test_lstm_variants_are_trained_decoded_on_validation_and_diagnosed(own_pair_recipe, tmp_path):
-    data, bundle, out = own_pair_recipe["out"], tmp_path / "bundle", tmp_path / "out"
-    converge.main(["pack", "--data", str(data), "--bundle", str(bundle), "--no-wheels"])
-    models = ["lstm_att", "lstm_memattn", "lstm_memattn_no_position"]
-    ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp_path / "work"), "--cpu",
-                 "--models", *models, "--smoke-updates", "1", "--max-update", "45", "--minutes", "8",
-                 "--decode-minutes", "2", "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES,
-                 "--generate-args", "--max-len-b 5")
-    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    with tarfile.open(out / converge.ARCHIVE) as tar:
-        names = set(tar.getnames())
+def test_lstm_variants_are_trained_decoded_on_validation_and_diagnosed(driver_run):
+    names, results = driver_run["names"], driver_run["results"]
     assert "converged/lstm_memattn_no_position/best/hyp.valid.fr" in names
     assert not any(n.startswith("converged/lstm_memattn_no_position/") and "test" in n for n in names)  # valid only
-    assert not any(n.startswith("converged/transformer") for n in names)
-    for model in models:
+    for model in ("lstm_att", "lstm_memattn", "lstm_memattn_no_position"):
         assert f"converged/{model}/attention_valid{converge.PLOTTED_EXAMPLE}.png" in names
-    results = tmp_path / "results"
-    reported = driver("report", str(out / converge.ARCHIVE), "--data", str(data), "--out", str(results))
-    assert reported.returncode == 0, reported.stderr[-3000:]
     section = (results / "table.md").read_text().split("## The LSTM gap, on validation")[1]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in section.splitlines() if line.startswith("| lstm")}

@@ -513,14 +513,15 @@ def conversion_rows(folder, runs, references):
     return rows
 
 
-def conversion_section(rows, valid_loss_source):
-    """The table.md section of the converted transformer: ROWS as ``conversion_rows`` gives them."""
+def conversion_section(rows, fractions, valid_loss_source):
+    """The table.md section of the converted transformer: ROWS as ``conversion_rows`` gives them,
+    fine-tuned for FRACTIONS of the source's updates."""
     if not rows:
         return []
     lines = ["## The converged transformer converted to transformer_memattn", "",
              "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
              "window (`fairseq-memattn-convert`), then fine-tuned (all parameters) for "
-             + " and ".join(f"{f:.0%}".replace("%", " %") for f in CONVERT_FRACTIONS) + " of N; beside it "
+             + " and ".join(f"{f:.0%}".replace("%", " %") for f in fractions) + " of N; beside it "
              "the transformer continued from the same checkpoint for as long (`original`). Both keep the "
              "checkpoint's optimizer state and schedule (`recipes/convert/run.py`). Test sacreBLEU and chrF, "
              f"beam 5; validation loss (label-smoothed) {valid_loss_source}.", "",
@@ -627,7 +628,7 @@ def write_table(args, device, runs, references, converted=()):
              *run_commands(args.out, device),
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
-             *conversion_section(converted, "as fairseq-train logged it at that update"),
+             *conversion_section(converted, CONVERT_FRACTIONS, "as fairseq-train logged it at that update"),
              *lstm_gap_section(args.out, runs, args.data, references["valid"])]
     tests = os.path.join(args.out, "cuda_tests.log")
     if os.path.isfile(tests):

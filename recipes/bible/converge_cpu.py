@@ -121,7 +121,7 @@ def conversion_settings(args):
     """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
     return Namespace(data=args.data, source=os.path.join(checkpoint_dir(args, "transformer"), "checkpoint_best.pt"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
-                     fractions=converge.CONVERT_FRACTIONS, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
+                     fractions=args.convert_fractions, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
                      run=None)
 
 
@@ -178,7 +178,7 @@ def write_results(args, conversion_rows=()):
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              "Validation curves: [curves_transformer_cpu.png](curves_transformer_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
-    lines += converge.conversion_section(conversion_rows, "by fairseq-validate")
+    lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
@@ -206,6 +206,9 @@ def main(argv=None):
     p.add_argument("--train-args", type=shlex.split, default=[],
                    help="more fairseq-train options, one string (they override the recipe's)")
     p.add_argument("--max-epoch", type=int, default=sys.maxsize, help="a cap on epochs (default none)")
+    p.add_argument("--convert-fractions", type=float, nargs="+", default=converge.CONVERT_FRACTIONS,
+                   help="fine-tune the converted transformer for these fractions of its updates "
+                        f"(default {' '.join(map(str, converge.CONVERT_FRACTIONS))})")
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
