@@ -244,6 +244,14 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR} == logs
 
 
+def test_cpu_driver_refuses_a_fraction_that_is_not_positive(tmp_path, capsys):
+    from recipes.bible import converge_cpu
+
+    with pytest.raises(SystemExit) as exit:
+        converge_cpu.main(["--data", str(tmp_path), "--convert-fractions", "0.1", "0"])
+    assert exit.value.code == 2 and "--convert-fractions 0.0: must be greater than 0" in capsys.readouterr().err
+
+
 def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
     from recipes.bible import converge_cpu
 

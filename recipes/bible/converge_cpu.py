@@ -215,6 +215,9 @@ def main(argv=None):
     for name in ("patience", "max_epoch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    for fraction in args.convert_fractions:
+        if not fraction > 0:
+            p.error(f"--convert-fractions {fraction}: must be greater than 0")
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
     if not os.path.isdir(os.path.join(args.data, "data-bin")):
         p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
