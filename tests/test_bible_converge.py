@@ -76,7 +76,8 @@ def test_run_then_report(driver_run):
         assert (results / model / "best" / "generate.test.txt.gz").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
     assert table.startswith("# Bible en-fr at convergence: memory attention against its baseline, on one CPU")
-    assert f"python -m recipes.bible.converge run --bundle {driver_run['bundle']} --out {driver_run['archive'].parent}" in table
+    bundle, out = driver_run["bundle"], driver_run["archive"].parent
+    assert f"python -m recipes.bible.converge run --bundle {bundle} --out {out}" in table
     for baseline in converge.PAIRS:
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
     conversion = table[table.index("## The converged transformer converted"):]
@@ -247,9 +248,9 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
 def test_cpu_driver_refuses_a_fraction_that_is_not_positive(tmp_path, capsys):
     from recipes.bible import converge_cpu
 
-    with pytest.raises(SystemExit) as exit:
+    with pytest.raises(SystemExit) as stopped:
         converge_cpu.main(["--data", str(tmp_path), "--convert-fractions", "0.1", "0"])
-    assert exit.value.code == 2 and "--convert-fractions 0.0: must be greater than 0" in capsys.readouterr().err
+    assert stopped.value.code == 2 and "--convert-fractions 0.0: must be greater than 0" in capsys.readouterr().err
 
 
 def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):

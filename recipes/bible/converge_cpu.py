@@ -121,8 +121,8 @@ def conversion_settings(args):
     """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
     return Namespace(data=args.data, source=os.path.join(checkpoint_dir(args, "transformer"), "checkpoint_best.pt"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
-                     fractions=args.convert_fractions, write_only_updates=0, seed=args.seed, extra=[*CPU_SIZE, *args.train_args],
-                     run=None)
+                     fractions=args.convert_fractions, write_only_updates=0, seed=args.seed,
+                     extra=[*CPU_SIZE, *args.train_args], run=None)
 
 
 def conversion_command(settings, *step):
