@@ -181,11 +181,13 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
 def converted_checkpoint(state: dict, source, target, args: argparse.Namespace) -> dict:
     """The source checkpoint's state for the target model: its weights and args, the
     optimizer state carried over, the training position kept, the source's scores dropped."""
+    from fairseq.dataclass.utils import omegaconf_no_object_check
     from omegaconf import open_dict
 
     converted = {key: value for key, value in state.items() if key != "args"}
     converted["cfg"] = copy.deepcopy(state["cfg"])
-    with open_dict(converted["cfg"]):
+    # A cfg fairseq made from an old checkpoint's args takes a Namespace only as fairseq set it there
+    with open_dict(converted["cfg"]), omegaconf_no_object_check():
         converted["cfg"].model = args
     converted["model"] = target.state_dict()
     converted["last_optimizer_state"] = carried_optimizer_state(

@@ -86,6 +86,20 @@ def test_every_transformer_weight_is_kept_and_only_the_write_is_new(toy):
     assert len(converted["last_optimizer_state"]["state"]) == len(original["last_optimizer_state"]["state"])
 
 
+def test_converts_a_checkpoint_that_holds_args_not_cfg(toy, tmp_path):
+    """fairseq's models published before its dataclass configs (its WMT'14-'19 transformers) hold
+    their options as a Namespace under "args"; fairseq's loader makes the cfg from it."""
+    state = torch.load(toy["transformer"], weights_only=False)
+    state["args"] = checkpoint_utils.load_checkpoint_to_cpu(str(toy["transformer"]))["cfg"].model
+    del state["cfg"]
+    legacy, converted = tmp_path / "legacy.pt", tmp_path / "converted.pt"
+    torch.save(state, legacy)
+    convert_cli.main([str(legacy), str(converted), "--memory-k", str(K)])
+    model, _ = load(converted)
+    assert type(model).__name__ == "MemAttnTransformerModel"
+    assert all(torch.equal(model.state_dict()[key], tensor) for key, tensor in state["model"].items())
+
+
 def identity_write(model):
     """Forces alpha to the identity when K = |S| (no padding): W_alpha = 0 and windows so narrow
     that row k takes source position k alone (window_scores: -(r_s - c_k)^2 / 2w^2, r_k = c_k)."""
