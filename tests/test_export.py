@@ -209,6 +209,26 @@ def test_int8_export_is_close_and_smaller(trained, tmp_path, caplog):
 
 
 @pytest.mark.slow
+def test_cli_exports_a_checkpoint_that_holds_args_without_debug_lines(trained, tmp_path):
+    """Checkpoints saved before fairseq's dataclass configs hold a Namespace under "args"; fairseq's
+    loader makes their cfg through hydra, which logs at DEBUG, and fairseq's wav2vec module sets the
+    root logger to DEBUG on import: the command's log stays at WARNING."""
+    from fairseq import checkpoint_utils
+
+    checkpoint, onnx = trained("attention")
+    state = torch.load(checkpoint, weights_only=False)
+    state["args"] = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].model
+    del state["cfg"]
+    torch.save(state, tmp_path / "legacy.pt")
+    result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(tmp_path / "legacy.pt"),
+                             str(tmp_path / "onnx"), "--short-source-rows", str(SHORT_SOURCE_ROWS)],
+                            env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DEBUG" not in result.stderr, result.stderr[-2000:]
+    assert (tmp_path / "onnx" / "decoder.onnx").read_bytes() == (onnx / "decoder.onnx").read_bytes()
+
+
+@pytest.mark.slow
 def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
     """The export CLI copies --sentencepiece-model; the translator CLI reads raw
     text, applies it, and prints the detokenized best hypothesis. The

@@ -1,11 +1,10 @@
 """fairseq-memattn-convert: a trained fairseq ``transformer`` into a ``transformer_memattn``."""
 
 import argparse
-import logging
 import re
-import sys
 from typing import List, Optional
 
+from . import log_to_stderr
 from ..errors import one_line_errors
 
 PROG = "fairseq-memattn-convert"
@@ -69,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> None:
     from ..convert import convert
 
-    logging.basicConfig(format="%(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
+    log_to_stderr("INFO")
     args = build_parser().parse_args(argv)
     options = {name: value for name, value in vars(args).items() if name.startswith("memory_")}
     with one_line_errors(PROG):

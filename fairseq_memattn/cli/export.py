@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from . import log_to_stderr
 from ..errors import one_line_errors
 
 PROG = "fairseq-memattn-export"
@@ -45,6 +46,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     parser, args = parse_args(argv)
+    log_to_stderr()
     import fairseq_memattn
 
     from ..export import ExportError, export

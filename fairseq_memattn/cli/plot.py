@@ -14,6 +14,7 @@ from typing import List
 import torch
 
 from .. import plot
+from . import log_to_stderr
 from ..errors import one_line_errors
 from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
                     draw, save)
@@ -147,9 +148,7 @@ def parse_args(argv=None, prog=PROG):
 
 
 def main(argv=None, prog=PROG):
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr,
-                        force=True)  # some fairseq modules set DEBUG on import
+    log_to_stderr()
     args = parse_args(argv, prog)
     try:
         with one_line_errors(prog):

@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from fairseq_memattn.cli import log_to_stderr
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
@@ -360,8 +362,9 @@ def engine_factors(rows, args):
 
 def ct2_backend(paths, args):
     """The GEMM backends CTranslate2 reports for this CPU (its CT2_VERBOSE log on loading a model)."""
-    folder = os.path.join(paths["transformer"], "ct2-f32")
-    if not os.path.isdir(folder):
+    folders = [os.path.join(paths["transformer"], engine) for engine in ("ct2-f32", "ct2-int8")]
+    folder = next((folder for folder in folders if os.path.isdir(folder)), None)
+    if folder is None:
         return "not run"
     log = subprocess.run([sys.executable, "-c", f"import ctranslate2; ctranslate2.Translator({folder!r})"],
                          env={**os.environ, "CT2_VERBOSE": "1"}, capture_output=True, text=True).stderr
@@ -445,6 +448,7 @@ def median_over_rounds(rows):
 
 def main(argv=None):
     args = parse_args(argv)
+    log_to_stderr()
     if args.worker:
         return worker(args)
     paths = prepare(args)
