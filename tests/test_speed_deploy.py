@@ -1,4 +1,12 @@
-"""recipes/speed/deploy.py's bookkeeping (the timings themselves need CTranslate2 and run by hand)."""
+"""recipes/speed/deploy.py: its bookkeeping, and one tiny cell end to end on the export (the timings
+themselves need CTranslate2 and run by hand)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, clean_env
 
 from recipes.speed.deploy import median_over_rounds
 
@@ -29,3 +37,19 @@ def test_the_report_compares_each_cell_best_against_best():
     assert "- 1 thread(s), int8, |S| = 10, |T| = 10: exported memattn 0.36 s vs CTranslate2 0.40 s (1.11x)" in lines
     assert lines[-1] == "- 1 thread(s), |S| = 10, |T| = 10: the export's best over CTranslate2's best **0.90**"
     assert engine_factors(rows, args) == ""  # no fairseq-generate rows to compare with
+
+
+@pytest.mark.slow
+def test_one_tiny_cell_end_to_end(tmp_path):
+    """Models built, exported and timed in a worker process, the report written: the recipe imports
+    this package before fairseq, so it registers the plugin itself."""
+    pytest.importorskip("onnxruntime")
+    rows = tmp_path / "rows.jsonl"
+    command = [sys.executable, "-m", "recipes.speed.deploy", "--vocab", "20", "--memory-k", "4", "--source-lens",
+               "--copy-lens", "5", "--sources", "2", "--beam", "2", "--threads", "1", "--engines", "onnx-f32",
+               "--repeats", "1", "--workdir", str(tmp_path / "work"), "--rows", str(rows), "--out", str(tmp_path / "x.md")]
+    result = subprocess.run(command, env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [row] = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert (row["engine"], row["S"], row["T"], row["output_tokens"]) == ("onnx-f32", 5, 5, 2 * 5)
+    assert "| 5 | 5 |" in (tmp_path / "x.md").read_text()

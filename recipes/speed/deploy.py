@@ -116,7 +116,11 @@ def prepare(args):
     """Checkpoints, CTranslate2 models and ONNX exports in args.workdir (made when missing)."""
     import torch
     from fairseq import options, tasks
+
+    import fairseq_memattn
     from recipes.speed.transformer_decode import SIZES  # imports torch: not at the top, for the workers
+
+    fairseq_memattn.register()  # imported already (log_to_stderr), so --user-dir imports nothing
 
     if args.trained:
         return prepare_trained(args)
