@@ -8,6 +8,10 @@ With --before-code CHECKOUT (a checkout of the repository at an earlier commit, 
 ``git worktree add CHECKOUT COMMIT``), BEFORE is translated by that checkout's translator: a change
 to the translator timed on one export (BEFORE and AFTER may be the same folder).
 
+With --test-split DATA the batches are DATA's test split instead (recipes.wmt17.run prepare's layout,
+bpe/test.SRC), --sources sentences each in file order, with fairseq's default output lengths: what
+recipes/speed/deploy.py times with --trained.
+
 Prints a markdown table: seconds of each export and AFTER's time over BEFORE's, and the median
 milliseconds of a batch's first decoder step and of its later ones.
 """
@@ -22,6 +26,7 @@ import time
 import numpy as np
 
 from fairseq_memattn.deploy.translator import Translator, default_session_options
+from recipes.speed.deploy import padded_left, source_symbols, test_split_batches
 from recipes.speed.profile_export import forced_batch
 
 
@@ -35,6 +40,8 @@ def main(argv=None):
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--before-code", metavar="CHECKOUT", help="translate BEFORE with this checkout's translator")
+    p.add_argument("--test-split", metavar="DATA", help="time DATA's test split in place of random sources")
+    p.add_argument("--source-lang", default="en", help="with --test-split: the source side")
     args = p.parse_args(argv)
     before_translator = translator_of(args.before_code) if args.before_code else Translator
     kinds = (before_translator, Translator)
@@ -47,16 +54,16 @@ def main(argv=None):
     print(f"{args.sources} sources, beam {args.beam}, {args.threads} thread(s), median of {args.repeats}\n")
     print("| \\|S\\| = \\|T\\| | before | after | after / before | first step, ms (before, after) "
           "| a later step, ms (before, after) |\n|---:|---:|---:|---:|---:|---:|")
-    for length in args.lengths:
-        src, options = forced_batch(translators[0], rng, args.sources, length, length, args.beam)
+    for length, batches, options in cells(translators[0], rng, args):
         seconds = [[], []]
         for translator in translators:
-            translator.generate(src[:2], **options)  # warm-up
+            translator.generate(batches[0][:2], **options)  # warm-up
         step_times.clear()
         for _ in range(args.repeats):
             for times, translator in zip(seconds, translators):
                 start = time.perf_counter()
-                translator.generate(src, **options)
+                for batch in batches:
+                    translator.generate(batch, **options)
                 times.append(time.perf_counter() - start)
         before, after = (float(np.median(t)) for t in seconds)
         first, later = ([np.median([t for session, step, t in step_times
@@ -64,6 +71,19 @@ def main(argv=None):
                          for translator in translators] for part in (False, True))
         print(f"| {length} | {before:.3f} | {after:.3f} | {after / before:.2f} | {first[0]:.1f}, {first[1]:.1f} "
               f"| {later[0]:.1f}, {later[1]:.1f} |", flush=True)
+
+
+def cells(translator, rng, args):
+    """(row label, batches, generate's options) of each row of the table."""
+    if args.test_split:
+        data = argparse.Namespace(trained=True, data=args.test_split, source_lang=args.source_lang,
+                                  sources=args.sources)
+        batches = test_split_batches(data, source_symbols(data))
+        yield "test split", [padded_left(batch)[0] for batch in batches], dict(beam=args.beam)
+        return
+    for length in args.lengths:
+        src, options = forced_batch(translator, rng, args.sources, length, length, args.beam)
+        yield length, [src], options
 
 
 def time_steps(translator_class, times: list) -> None:
