@@ -149,6 +149,11 @@ def test_workers_decode_batches_at_once_with_the_same_hypotheses(trained):
         assert [h["tokens"].tolist() for h in mine] == [h["tokens"].tolist() for h in theirs]
         assert [h["score"] for h in mine] == [h["score"] for h in theirs]
         assert [h["alignment"] for h in mine] == [h["alignment"] for h in theirs]
+    # one batch of them all: cut in two, one for each worker
+    translator.meet, translator.met = threading.Barrier(2, timeout=60), False
+    whole = dict(search, batch_size=None)
+    assert [[h["tokens"].tolist() for h in r] for r in translator.translate_ids(sources, workers=2, **whole)] == \
+        [[h["tokens"].tolist() for h in r] for r in expected]
     lines = "".join(" ".join(map(str, source[:-1])) + "\n" for source in sources)
     one, two = (run_cli(folder, "--buffer-size", "13", "--batch-size", "3", "--threads", "1", "--workers", workers,
                         stdin=lines) for workers in ("1", "2"))

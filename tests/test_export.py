@@ -21,6 +21,7 @@ pytest.importorskip("onnx", reason="the export needs the optional extra 'deploy'
 pytest.importorskip("onnxruntime", reason="the translator needs the optional extra 'deploy' (onnxruntime)")
 
 from fairseq_memattn.deploy import SourceError, SourceTooLong, Translator, batches_by_tokens  # noqa: E402
+from fairseq_memattn.deploy.batching import spread  # noqa: E402
 from fairseq_memattn.export import ExportError, export  # noqa: E402
 
 TASK = ["--task", "copy_task", "--copy-max-len", "8", "--copy-vocab-size", "10", "--copy-train-size", "640",
@@ -366,6 +367,13 @@ def test_batches_by_tokens():
     for batch in batches:
         assert len(batch) <= 3 and max(lengths[i] for i in batch) * len(batch) <= 14
     assert batches[0] == [1, 3, 4]  # shortest first, as fairseq orders a dataset
+
+
+def test_spread_cuts_the_largest_batch_until_every_worker_has_one():
+    assert spread([[1, 3, 4, 0, 5]], 2) == [[1, 3, 4], [0, 5]]  # in length order, halves
+    assert spread([[1, 3], [4, 0, 5, 2]], 3) == [[1, 3], [4, 0], [5, 2]]
+    assert spread([[1], [2]], 4) == [[1], [2]]  # one source a batch at most
+    assert spread([[1, 2, 3]], 1) == [[1, 2, 3]] and spread([], 2) == []
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ a UTF-8 byte order mark at the start is dropped. Each line is translated as if a
 length counts its own tokens. A line the model cannot translate is reported on standard error with
 its line number and skipped; the exit status is then 1. sentencepiece is applied when FOLDER has
 spm.model or with --bpe sentencepiece --sentencepiece-model PATH. With --workers W, W of a buffer's
-batches decode at once: on a file, give a --buffer-size that holds several batches. Ctrl-C exits
+batches decode at once (a buffer of fewer batches is cut so that each worker has one). Ctrl-C exits
 with status 130, a closed standard output (| head) with 141, both without a traceback.
 """
 

@@ -26,6 +26,19 @@ def batches_by_tokens(lengths: List[int], max_tokens: Optional[int], batch_size:
         yield batch
 
 
+def spread(batches: List[List[int]], parts: int) -> List[List[int]]:
+    """The batches cut until there are ``parts`` of them (or one source each): the largest halved
+    each time, its sources kept in length order, so that ``parts`` workers all have one to decode."""
+    batches = [list(batch) for batch in batches]
+    while len(batches) < parts:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]), default=None)
+        if largest is None or len(batches[largest]) < 2:
+            break
+        batch = batches.pop(largest)
+        batches[largest:largest] = [batch[:(len(batch) + 1) // 2], batch[(len(batch) + 1) // 2:]]
+    return batches
+
+
 def padded(sources: List[List[int]], pad: int, left: bool) -> np.ndarray:
     """B x S int64 of the sources, padded with ``pad`` on the left or on the right."""
     width = max(len(source) for source in sources)

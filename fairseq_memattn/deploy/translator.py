@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .batching import MAX_TOKENS, batches_by_tokens, padded  # noqa: F401  (MAX_TOKENS: the library's default)
+from .batching import MAX_TOKENS, batches_by_tokens, padded, spread  # noqa: F401  (MAX_TOKENS: the library's default)
 from .cache import SelfAttentionCache  # noqa: F401  (re-exported)
 from .config import check_symbols, config_path, read_config
 from .decoder import DecoderRun
@@ -212,8 +212,9 @@ class Translator:
         length as fairseq does: sources sorted by length, batches of at most
         ``max_tokens`` padded source tokens and ``batch_size`` sources;
         ``workers`` batches decoded at once, each on the session's threads (a
-        batch's small products keep one core busy better than several). A
-        source's hypotheses do not depend on the other sources."""
+        batch's small products keep one core busy better than several), the
+        batches cut in halves where there are fewer than workers. A source's
+        hypotheses do not depend on the other sources."""
         limits = {key: options[key] for key in ("max_len_a", "max_len_b", "min_len") if key in options}
         for i, source in enumerate(sources):
             try:
@@ -225,7 +226,8 @@ class Translator:
             return self.generate(padded([sources[i] for i in batch], self.config["source_pad"],
                                         self.config["source_padding"] == "left"), **options)
 
-        batches = list(batches_by_tokens([len(s) for s in sources], max_tokens, batch_size))
+        # fewer batches than workers (a short input, a small buffer): cut so that every worker decodes
+        batches = spread(batches_by_tokens([len(s) for s in sources], max_tokens, batch_size), workers)
         if workers > 1:  # ONNX Runtime runs a session's calls in parallel, without the GIL
             with ThreadPoolExecutor(workers, thread_name_prefix="translate") as pool:
                 decoded = list(pool.map(decode, batches))
