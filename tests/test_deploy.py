@@ -245,7 +245,10 @@ def test_cli_names_the_broken_file_in_one_line(trained, tmp_path):
                             "decoder.onnx: not a readable ONNX graph"),
         "no-key": (edit_config(memory_k=None), "config.json: missing key 'memory_k'"),
         "no-version": (edit_config(format_version=None), "config.json: no format_version, this translator reads "
-                                                         "format_version 2, 3"),
+                                                         "format_version 2, 3, 4"),
+        "version-3-short-rows": (edit_config(format_version=3), "config.json: short_source_rows in format_version 3, "
+                                                                "which this translator no longer reads (export the "
+                                                                "model again"),
         "short-rows-over-k": (edit_config(short_source_rows=5), "config.json: short_source_rows is 5, expected an "
                                                                  "integer from 1 to memory_k (4)"),
         "new-version": (edit_config(format_version=99), "config.json: format_version 99, this translator reads"),

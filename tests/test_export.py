@@ -360,6 +360,35 @@ def test_a_source_does_not_depend_on_its_batch(trained):
     assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in beside], abs=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["attention", "mix"])
+def test_short_and_long_sources_decode_in_one_batch_as_each_alone(trained, variant, monkeypatch):
+    """Sources shorter than short_source_rows (|S| memory rows) and longer ones (K rows), interleaved:
+    one decoder run for the batch, every source's hypotheses as alone, sentences leaving the batch
+    from both sets at different steps (each source's maximum length its own)."""
+    from fairseq_memattn.deploy import translator as translator_module
+
+    translator = Translator(str(trained(variant)[1]), threads=1)
+    sources = [translator.src_dict.encode(text) for text in ("3 1 4 1 5 9 2", "7", "2 6 5 3 5 8 9 7", "9 3", "8")]
+    assert [len(s) < SHORT_SOURCE_ROWS for s in sources] == [False, True, False, True, True]
+    options = dict(beam=3, max_len_a=1, max_len_b=1, alignment=True)
+    real, runs = translator_module.DecoderRun, []
+
+    def counted(*args, **kwargs):
+        runs.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translator_module, "DecoderRun", counted)
+    together = translator.translate_ids(sources, **options)
+    assert len(runs) == 1
+    assert len({len(hypotheses[0]["tokens"]) for hypotheses in together}) >= 3  # finished at different steps
+    for source, hypotheses in zip(sources, together):
+        alone = translator.translate_ids([source], **options)[0]
+        assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in hypotheses], source
+        for a, b in zip(alone, hypotheses):
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+            np.testing.assert_allclose(a["attention"], b["attention"], atol=1e-5)
+
 def test_batches_by_tokens():
     lengths = [5, 2, 9, 3, 3, 7]
     batches = list(batches_by_tokens(lengths, max_tokens=14, batch_size=3))

@@ -8,7 +8,8 @@ from .exceptions import ModelFolderError
 from .search import EDITED_COLUMNS
 
 # config.json's format_version values this translator reads (fairseq_memattn.export.FORMAT_VERSION)
-FORMAT_VERSIONS = (2, 3)  # 3: short_source_rows (optional)
+# 3: short_source_rows (optional), each step reading one layout; 4: a step reads both layouts
+FORMAT_VERSIONS = (2, 3, 4)
 CONFIG_KEYS = ("model", "pad", "eos", "unk", "source_pad", "source_eos", "source_padding", "memory_k",
                "memory_outputs", "decoder_state", "alignment_memory", "max_source_positions",
                "max_target_positions")
@@ -47,6 +48,11 @@ def read_config(folder: str) -> dict:
     return config
 
 
+def short_memory_name(memory_output: str) -> str:
+    """The decoder step's input for the short sources' memory (short_source_rows) from this encoder output."""
+    return "short_" + memory_output
+
+
 def config_path(folder: str) -> str:
     return os.path.join(folder, "config.json")
 
@@ -71,6 +77,10 @@ def check_types(config: dict, path: str) -> None:
                               or not 1 <= short <= config["memory_k"]):
         raise ModelFolderError(f"{path}: short_source_rows is {short!r}, expected an integer from 1 to "
                                f"memory_k ({config['memory_k']})")
+    if short is not None and config["format_version"] < 4:
+        raise ModelFolderError(f"{path}: short_source_rows in format_version {config['format_version']}, which this "
+                               f"translator no longer reads (export the model again with this version of "
+                               f"fairseq-memattn-export)")
     layers = config.get("self_attention_cache")
     if layers is not None and not (isinstance(layers, list) and all(
             isinstance(layer, dict) and isinstance(layer.get("heads"), int) and isinstance(layer.get("head_dim"), int)

@@ -2,11 +2,17 @@
 (one row per hypothesis) and, for the Transformer, its self-attention cache, kept in ONNX
 Runtime's memory and reordered as the beam search asks."""
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
 from .cache import SelfAttentionCache
+from .config import short_memory_name
+
+
+def empty(shape: list, width: int) -> np.ndarray:
+    """A memory input of no sources: the graph input's ``shape``, its named sizes ``width`` but the first."""
+    return np.zeros([0, *(size if isinstance(size, int) else width for size in shape[1:])], np.float32)
 
 
 def initial_state(config: dict, encoded: Dict[str, np.ndarray], sources: int) -> Dict[str, np.ndarray]:
@@ -23,15 +29,25 @@ def initial_state(config: dict, encoded: Dict[str, np.ndarray], sources: int) ->
 class DecoderRun:
     """The decoder step over one batch's hypotheses (``hypotheses`` rows, up to ``steps`` positions).
     The first step runs one row per source (BeamSearch.run); the next step's reorder then reads
-    each hypothesis's state and cache from its source's row."""
+    each hypothesis's state and cache from its source's row. ``encoded``: the encoder's outputs for
+    the sources that keep K memory rows; ``short``: for those that keep |S| rows (config.json's
+    short_source_rows), which come first in the batch. Either may be None where the batch has none."""
 
-    def __init__(self, session, ort, config: dict, encoded: Dict[str, np.ndarray], hypotheses: int, steps: int):
+    def __init__(self, session, ort, config: dict, encoded: Optional[Dict[str, np.ndarray]], hypotheses: int,
+                 steps: int, short: Optional[Dict[str, np.ndarray]] = None):
         self.session, self.outputs = session, [o.name for o in session.get_outputs()]
         self.ort_value = ort.OrtValue.ortvalue_from_numpy
-        names = config["memory_outputs"] + (["alpha"] if "short_source_rows" in config else [])
-        self.memory_rows = {name: encoded[name] for name in names}
-        self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
-        sources = len(encoded[names[0]])
+        names = config["memory_outputs"]
+        inputs = {arg.name: arg.shape for arg in session.get_inputs()}
+        # each set of sources' memory rows: the graph's inputs by name; an absent set is empty
+        self.memory_rows = {name: encoded[name] if encoded is not None else empty(inputs[name], config["memory_k"])
+                            for name in names}
+        self.short_rows = {}
+        if "short_source_rows" in config:  # graph input: encoder output
+            for name, output in {**{short_memory_name(n): n for n in names}, "alpha": "alpha"}.items():
+                self.short_rows[name] = short[output] if short is not None else empty(inputs[name], 1)
+        self.memory = self.ort_values()
+        sources = sum(len(next(iter(rows.values()))) for rows in (self.memory_rows, self.short_rows) if rows)
         self.hypotheses = hypotheses
         self.state = {name: self.ort_value(value)
                       for name, value in initial_state(config, encoded, sources).items()}
@@ -41,12 +57,18 @@ class DecoderRun:
         # (and cache) each hypothesis row stands for, applied by the next step's reorder
         self.kept_rows = None
 
+    def ort_values(self) -> dict:
+        return {name: self.ort_value(value) for name, value in (*self.memory_rows.items(), *self.short_rows.items())}
+
     def keep(self, sources: np.ndarray, rows: np.ndarray) -> None:
-        """Only these sources (memory rows) and hypotheses (state rows) go on; the state is
-        reordered once, by the next step."""
+        """Only these sources (memory rows, the short sources' first) and hypotheses (state rows)
+        go on; the state is reordered once, by the next step."""
         self.kept_rows = rows if self.kept_rows is None else self.kept_rows[rows]
-        self.memory_rows = {name: value[sources] for name, value in self.memory_rows.items()}
-        self.memory = {name: self.ort_value(value) for name, value in self.memory_rows.items()}
+        short_count = len(next(iter(self.short_rows.values()))) if self.short_rows else 0
+        kept_short = sources < short_count
+        self.short_rows = {name: value[sources[kept_short]] for name, value in self.short_rows.items()}
+        self.memory_rows = {name: value[sources[~kept_short] - short_count] for name, value in self.memory_rows.items()}
+        self.memory = self.ort_values()
 
     def step(self, tokens: np.ndarray, step: int, reorder: np.ndarray, search: dict):
         """(candidate scores and indices, sources x candidates; read weights N x K) for one target

@@ -9,6 +9,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from .config import short_memory_name
 from .exceptions import ModelFolderError
 
 # the decoder step's inputs from export/search.py and the step itself, with their ranks
@@ -61,8 +62,10 @@ def expected_interface(config: dict, encoder_outputs: Dict[str, int]):
     inputs, outputs = dict(SEARCH_INPUTS), dict(STEP_OUTPUTS)
     for name in config["memory_outputs"]:
         inputs[name] = encoder_outputs[name]
-    if "short_source_rows" in config:  # short sources' memory is read through alpha
+    if "short_source_rows" in config:  # short sources' memory, read through alpha
         inputs["alpha"] = 4
+        for name in config["memory_outputs"]:
+            inputs[short_memory_name(name)] = encoder_outputs[name]
     for entry in config["decoder_state"]:
         rank = encoder_outputs[entry["from"]] if "from" in entry else 1 + len(entry["zeros"])
         inputs[entry["name"]] = outputs["new_" + entry["name"]] = rank

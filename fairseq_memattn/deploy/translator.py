@@ -114,7 +114,7 @@ class Translator:
         with a source axis are padded back to the batch's width (a short source's memory rows too:
         alpha is 0 at padding). Padding moves the float32 sums of the self-attention in their last
         bits, enough to tip an int8 rounding step, so that a sentence's int8 translation would
-        depend on the batch. The sources are all short or all not (``generate``)."""
+        depend on the batch. The sources are all short or all not (``generate`` encodes them apart)."""
         pad, width = self.config["source_pad"], src_tokens.shape[1]
         left = self.config["source_padding"] == "left"
         lengths = (src_tokens != pad).sum(axis=1)
@@ -152,34 +152,33 @@ class Translator:
         (T x |x|: every target token over its source's tokens) and alignment
         (hard pairs (source, target), EOS excluded). Each source's maximum length
         counts its own tokens, not the batch's padded width."""
-        options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                       unk_penalty=unk_penalty, normalize_scores=normalize_scores, alignment=alignment)
         src_tokens = np.asarray(src_tokens, dtype=np.int64)
-        short = self.short_sources(src_tokens)
-        if 0 < short.sum() < len(short):  # one memory layout a batch: the short sources and the others apart
-            finalized = [None] * len(src_tokens)
-            for rows in (np.flatnonzero(short), np.flatnonzero(~short)):
-                for row, hypotheses in zip(rows, self.generate(src_tokens[rows], **options)):
-                    finalized[row] = hypotheses
-            return finalized
         beam = min(beam, len(self.tgt_dict) - 1)  # as SequenceGenerator clamps it
-        # Columns of padding only go: a batch of short sources then holds no more memory rows than it needs.
-        src_tokens = self.padded_as_exported(src_tokens[:, (src_tokens != self.config["source_pad"]).any(axis=0)])
+        short = self.short_sources(src_tokens)
+        # Short sources first: the decoder step reads their hypotheses' rows through their |S| memory
+        # rows, the others' through K rows, in one run.
+        order = np.argsort(~short, kind="stable")
+        src_tokens, first_long = src_tokens[order], int(short.sum())
         max_lens = self.batch_max_lens(src_tokens, max_len_a, max_len_b, min_len)
-        encoded = self.encode(src_tokens)
+        # Columns of padding only go: a batch of short sources then holds no more memory rows than it needs.
+        sets = [self.padded_as_exported(tokens[:, (tokens != self.config["source_pad"]).any(axis=0)])
+                for tokens in (src_tokens[:first_long], src_tokens[first_long:])]
+        encoded = [self.encode(tokens) if len(tokens) else None for tokens in sets]
         search = BeamSearch(max_lens, beam, len(self.tgt_dict), self.eos, self.pad, self.unk, min_len=min_len,
                             lenpen=lenpen, unk_penalty=unk_penalty, normalize_scores=normalize_scores,
                             read_width=self.config["memory_k"] if alignment else None)
-        memory = dict(encoded)
-        if "short_source_rows" in self.config and not short.all():  # K rows: an empty alpha says so
-            memory["alpha"] = np.ascontiguousarray(encoded["alpha"][:, :, :0])
-        decoder = DecoderRun(self.decoder, self.ort, self.config, memory, len(src_tokens) * beam, search.max_len + 1)
+        decoder = DecoderRun(self.decoder, self.ort, self.config, encoded[1], len(src_tokens) * beam,
+                             search.max_len + 1, short=encoded[0])
         finalized = search.run(decoder)
         if alignment:
-            alpha = encoded["alpha"][:, self.config["alignment_memory"]]
-            for sent, hypotheses in enumerate(finalized):
-                self._align(hypotheses, src_tokens[sent], alpha[sent])
-        return finalized
+            for tokens, outputs, start in zip(sets, encoded, (0, first_long)):
+                alpha = outputs["alpha"][:, self.config["alignment_memory"]] if outputs is not None else []
+                for row, (source, source_alpha) in enumerate(zip(tokens, alpha)):
+                    self._align(finalized[start + row], source, source_alpha)
+        in_order = [None] * len(finalized)
+        for row, hypotheses in zip(order, finalized):
+            in_order[row] = hypotheses
+        return in_order
 
     def padded_as_exported(self, src_tokens: np.ndarray) -> np.ndarray:
         """The LSTM's exported encoder reads each row from its start: padding moved to the end."""

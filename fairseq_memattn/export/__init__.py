@@ -19,7 +19,7 @@ import shutil
 
 from ..errors import UserError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
              "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 

@@ -11,12 +11,15 @@ built from its submodules' weights.
   -> each source's best candidates for the next step (export/search.py), the
   last layer's read weights averaged over heads (N x K) and the new
   position's keys and values. The memory stays at one row per source: the
-  queries of a source's hypotheses are read together from its row.
+  queries of a source's hypotheses are read together from its row. With
+  short_rows, sources shorter than it keep |S| rows (ShortSource): their
+  memory and alpha are inputs of their own, their hypotheses come first.
 """
 
 
 import numpy as np
 
+from ..deploy.config import short_memory_name
 from ..modules.memory_reads import ShortSource
 from .graph import FLOAT, INT64, Graph, as_array
 from .search import beam_candidates
@@ -186,10 +189,16 @@ def decoder_graph(model, activation: str, quantize: str = None, short_rows: int 
         memories.append({part: g.input(next(names), FLOAT, read.memory_shape("sources"))
                          for part in read.memory_parts})
     shorts = [None] * len(decoder.layers)
-    if short_rows:  # short sources' memory: their |S| states, read through alpha (empty for K rows)
-        alpha = g.input("alpha", FLOAT, ["sources", len(model.encoder.writers), "src_len", K])
-        shorter = g.op("Squeeze", g.op("Greater", g.dims(alpha, 2, 3), g.const([0], np.int64)))
-        shorts = [ShortSource(shorter, alpha, layer.encoder_attn.memory_index) for layer in decoder.layers]
+    if short_rows:  # short sources' memory: their |S| projected states, read through alpha
+        alpha = g.input("alpha", FLOAT, ["short_sources", len(model.encoder.writers), "short_src_len", K])
+        layout = ShortSource.layout(g, alpha, tokens, next(iter(memories[0].values())))
+        names = iter(memory_names(model))
+        for index, layer in enumerate(decoder.layers):
+            read = layer.encoder_attn
+            memory = {part: g.input(short_memory_name(next(names)), FLOAT,
+                                    read.memory_shape("short_sources", "short_src_len"))
+                      for part in read.memory_parts}
+            shorts[index] = ShortSource(**layout, memory=memory, memory_index=read.memory_index)
     # fairseq's incremental positions: padding_idx + 1 + step for every hypothesis
     x = _embed(g, tokens, decoder, g.op("Add", step, g.const(decoder.padding_idx + 1, np.int64)))
     new_positions, weights = [], None

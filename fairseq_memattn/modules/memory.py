@@ -242,21 +242,27 @@ class MemoryMix(nn.Module):
         """c = beta C (Eq. 6): B x T x E in float32 or wider, for contexts B x K x E."""
         return sum_of_products(beta, contexts)
 
-    def onnx_mix(self, g, query: str, contexts: str, short=None) -> Tuple[str, str]:
+    def onnx_mix(self, g, query: str, contexts: str, short=None, short_contexts: str = None) -> Tuple[str, str]:
         """Eq. 7 then Eq. 6 in ONNX for N = rows x group hypotheses (query N x H, the
         hypotheses of a source consecutive; contexts rows x K x E): (c: N x E, beta: rows x
-        group x K). ``short`` (memory_reads.ShortSource): contexts may be rows x |S| x E, a short
-        source's projected states H W^T, mixed through alpha: (beta alpha^T) H W^T."""
+        group x K). ``short`` (memory_reads.ShortSource): the first hypotheses are those of short
+        sources, whose ``short_contexts`` are their projected states H W^T (rows x |S| x E), mixed
+        through alpha: (beta alpha^T) H W^T."""
         K = self.W_beta.weight.shape[0]
         beta = onnx_score_function(g, self.decoder_score, g.linear(query, self.W_beta), axis=-1)  # Eq. 7
-        rows = g.dims(contexts, 0, 1)
-        beta = g.op("Reshape", beta, g.op("Concat", rows, g.const([-1, K], np.int64), axis=0))
+
+        def by_source(b, rows, group):  # R G x K -> R x G x K (``group`` given: ONNX cannot infer it for R = 0)
+            return g.op("Reshape", b, g.op("Concat", rows, group, g.const([K], np.int64), axis=0))
+
         if short is None:
+            beta = by_source(beta, g.dims(contexts, 0, 1), g.const([-1], np.int64))
             mixed = g.op("MatMul", beta, contexts)  # Eq. 6
         else:
-            mixed, = g.branch(short.condition,
-                              lambda b: [b.op("MatMul", b.op("MatMul", beta, short.alpha_rows(b)[1]), contexts)],
-                              lambda b: [b.op("MatMul", beta, contexts)])
+            beta_short, beta_other = (by_source(b, rows, short.group)
+                                      for b, rows in zip(short.split(g, beta), (short.rows, short.other_rows)))
+            mixed = g.op("Concat", g.op("MatMul", g.op("MatMul", beta_short, short.alpha_rows(g)[1]), short_contexts),
+                         g.op("MatMul", beta_other, contexts), axis=0)
+            beta = g.op("Concat", beta_short, beta_other, axis=0)
         width = g.dims(contexts, 2, 3)
         return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
 

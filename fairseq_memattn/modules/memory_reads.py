@@ -136,8 +136,8 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
 
     # --- the exported graphs (export/transformer.py) ---------------------------------
 
-    def memory_shape(self, rows: str) -> list:
-        """The shape of each of ``memory_parts`` in the graphs, ``rows`` sources."""
+    def memory_shape(self, rows: str, width: str = "memory_rows") -> list:
+        """The shape of each of ``memory_parts`` in the graphs: ``rows`` sources of ``width`` rows."""
         raise NotImplementedError
 
     def onnx_project(self, g, contexts: str) -> Dict[str, str]:
@@ -153,18 +153,36 @@ class MemoryRead(FairseqIncrementalState, nn.Module):
     def onnx_read(self, g, x: str, memory: Dict[str, str], short: "ShortSource" = None) -> Tuple[str, str]:
         """:meth:`read` in ONNX for N = rows x group hypotheses (x: N x D, a source's
         hypotheses consecutive): (output N x D, weights rows x group x K, mean over heads).
-        ``short``: the memory may hold the parts of :meth:`onnx_project_states` instead."""
+        ``short``: the first rows are short sources' hypotheses, read from ``short.memory``."""
         raise NotImplementedError
 
 
 class ShortSource:
-    """In the exported decoder step, whether the memory holds each source's |S| projected states
-    (``condition``, a bool: alpha is not empty) rather than K projected contexts, and the write
-    weights alpha (rows x M x S x K, graph input ``alpha``) to read them through:
-    sum_k w_k (alpha^T H W^T)_k = (w alpha^T) (H W^T). Fewer rows to read while |S| < K."""
+    """In the exported decoder step, the sources shorter than short_source_rows: each layer's memory
+    holds their |S| projected states (``memory``, the parts of :meth:`MemoryRead.onnx_project_states`,
+    rows x ... x |S| x ...) rather than K projected contexts, read through the write weights alpha
+    (rows x M x S x K): sum_k w_k (alpha^T H W^T)_k = (w alpha^T) (H W^T). Fewer rows to read while
+    |S| < K. Their hypotheses are the step's first ``rows`` x ``group`` rows, the other sources'
+    (``other_rows`` of them, K memory rows each) follow, so one step reads both layouts."""
 
-    def __init__(self, condition: str, alpha: str, memory_index: int):
-        self.condition, self.alpha, self.memory_index = condition, alpha, memory_index
+    def __init__(self, alpha: str, rows: str, other_rows: str, group: str, memory: Dict[str, str],
+                 memory_index: int):
+        self.alpha, self.rows, self.other_rows, self.group = alpha, rows, other_rows, group
+        self.memory, self.memory_index = memory, memory_index
+
+    @staticmethod
+    def layout(g, alpha: str, hypotheses: str, other_memory: str) -> dict:
+        """The sizes every layer's ShortSource shares: rows (short sources), other_rows, group
+        (hypotheses per source), as 1-D int64 of one element."""
+        rows, other_rows = g.dims(alpha, 0, 1), g.dims(other_memory, 0, 1)
+        group = g.op("Div", g.dims(hypotheses, 0, 1), g.op("Add", rows, other_rows))
+        return {"alpha": alpha, "rows": rows, "other_rows": other_rows, "group": group}
+
+    def split(self, g, x: str) -> Tuple[str, str]:
+        """x's rows (one per hypothesis) of the short sources, and of the others."""
+        first = g.op("Mul", self.rows, self.group)
+        return (g.op("Slice", x, g.const([0], np.int64), first, g.const([0], np.int64)),
+                g.op("Slice", x, first, g.const([np.iinfo(np.int64).max], np.int64), g.const([0], np.int64)))
 
     def alpha_rows(self, g) -> Tuple[str, str]:
         """(alpha of this memory, rows x S x K; its transpose, rows x K x S)."""
@@ -208,8 +226,8 @@ class AttentionRead(MemoryRead, MultiheadAttention):
         out = out.transpose(1, 2).reshape(query.size(0), query.size(1), self.embed_dim)
         return self.out_proj(out), weights
 
-    def memory_shape(self, rows):
-        return [rows, self.num_heads, "memory_rows", self.head_dim]
+    def memory_shape(self, rows, width="memory_rows"):
+        return [rows, self.num_heads, width, self.head_dim]
 
     def onnx_project(self, g, contexts):
         return {part: g.split_heads(g.linear(contexts, proj), self.num_heads, self.head_dim)
@@ -220,31 +238,40 @@ class AttentionRead(MemoryRead, MultiheadAttention):
                 for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
 
     def onnx_read(self, g, x, memory, short=None):
-        rows = g.dims(memory["value"], 0, 1)
         q = g.op("Mul", g.linear(x, self.q_proj), g.const(self.scaling))
-        shape = g.op("Concat", rows, g.const([-1, self.num_heads, self.head_dim], np.int64), axis=0)
-        q = g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])  # R x H x G x D/H
         if short is None:
+            q = self.query_heads(g, q, g.dims(memory["value"], 0, 1), g.const([-1], np.int64))
             out, weights = g.attend(q, memory["key"], memory["value"])
-        else:
-            out, weights = g.branch(short.condition, lambda b: self.onnx_attend_states(b, q, memory, short),
-                                    lambda b: b.attend(q, memory["key"], memory["value"]))
+        else:  # the short sources' hypotheses first, the others' after them
+            q_short, q_other = short.split(g, q)
+            out_short, weights_short = self.onnx_attend_states(
+                g, self.query_heads(g, q_short, short.rows, short.group), short)
+            out_other, weights_other = g.attend(self.query_heads(g, q_other, short.other_rows, short.group),
+                                                memory["key"], memory["value"])
+            out = g.op("Concat", out_short, out_other, axis=0)
+            weights = g.op("Concat", weights_short, weights_other, axis=0)
         out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3]), g.const([-1, self.embed_dim], np.int64))
         return g.linear(out, self.out_proj), g.op("ReduceMean", weights, axes=[1], keepdims=0)
 
-    def onnx_attend_states(self, g, q, memory, short):
+    def query_heads(self, g, q: str, rows: str, group: str) -> str:
+        """R G x D -> R x H x G x D/H (``group`` given: ONNX cannot infer it for R = 0)."""
+        shape = g.op("Concat", rows, group, g.const([self.num_heads, self.head_dim], np.int64), axis=0)
+        return g.op("Transpose", g.op("Reshape", q, shape), perm=[0, 2, 1, 3])
+
+    def onnx_attend_states(self, g, q, short):
         """g.attend over the K rows alpha^T H W^T + b, from H W^T (R x H x S x D/H): the scores
         (q W_k H^T) alpha, less q b_k, the same for every row, which the softmax ignores; the output
         (w alpha^T) H W_v^T + b_v, as the weights sum to 1. The heads and queries of a source go
         through alpha together (R products, not R x H)."""
         alpha, alpha_t = short.alpha_rows(g)
-        key, value = memory["key"], memory["value"]
-        rows, queries, width, k = g.dims(q, 0, 1), g.dims(q, 0, 3), g.dims(key, 2, 3), g.dims(alpha, 2, 3)
-        by_source = g.op("Concat", rows, g.const([-1], np.int64), width, axis=0)  # R x HG x S
+        key, value = short.memory["key"], short.memory["value"]
+        queries, width, k = g.dims(q, 0, 3), g.dims(key, 2, 3), g.dims(alpha, 2, 3)
+        heads_queries = g.op("Mul", g.const([self.num_heads], np.int64), short.group)
+        by_source = g.op("Concat", short.rows, heads_queries, width, axis=0)  # R x HG x S
         states = g.op("Reshape", g.op("MatMul", q, g.op("Transpose", key, perm=[0, 1, 3, 2])), by_source)
         scores = g.op("Reshape", g.op("MatMul", states, alpha), g.op("Concat", queries, k, axis=0))
         weights = g.op("Softmax", scores, axis=-1)  # R x H x G x K
-        through = g.op("MatMul", g.op("Reshape", weights, g.op("Concat", rows, g.const([-1], np.int64), k, axis=0)),
+        through = g.op("MatMul", g.op("Reshape", weights, g.op("Concat", short.rows, heads_queries, k, axis=0)),
                        alpha_t)  # R x HG x S
         out = g.op("MatMul", g.op("Reshape", through, g.op("Concat", queries, width, axis=0)), value)
         if self.v_proj.bias is not None:
@@ -300,8 +327,8 @@ class MixRead(MemoryRead, MemoryMix):
         out = self.mix(self.dropout_module(beta), cache["value"]).type_as(query) + self.out_proj.bias  # Eq. 6
         return out, beta.unsqueeze(1)
 
-    def memory_shape(self, rows):
-        return [rows, "memory_rows", self.out_proj.weight.shape[0]]
+    def memory_shape(self, rows, width="memory_rows"):
+        return [rows, width, self.out_proj.weight.shape[0]]
 
     def onnx_project(self, g, contexts):
         return {"value": g.linear(contexts, self.out_proj, bias=False)}
@@ -310,7 +337,7 @@ class MixRead(MemoryRead, MemoryMix):
         return self.onnx_project(g, states)
 
     def onnx_read(self, g, x, memory, short=None):
-        out, beta = self.onnx_mix(g, x, memory["value"], short)
+        out, beta = self.onnx_mix(g, x, memory["value"], short, short and short.memory["value"])
         return g.op("Add", out, g.weight(self.out_proj.bias, "b_o")), beta
 
 
