@@ -23,6 +23,7 @@ class SelfAttentionCache:
                 self.tables[f"new_{part}_{index}"] = table
                 self.inputs[f"self_{part}_{index}"] = ort_value(table)  # the same memory
         self.slots = np.zeros((rows, steps), np.int64)
+        self.addresses = {name: table.ctypes.data for name, table in self.tables.items()}
 
     def reorder(self, rows: np.ndarray) -> None:
         self.slots = self.slots[rows]
@@ -37,5 +38,5 @@ class SelfAttentionCache:
         first = step * self.rows * self.heads
         for name, table in self.tables.items():
             binding.bind_output(name, "cpu", 0, np.float32, [hypotheses, self.heads, table.shape[1]],
-                                table[first:].ctypes.data)
+                                self.addresses[name] + first * table.strides[0])
         self.slots[:, step] = step * self.rows + np.arange(hypotheses)

@@ -53,6 +53,11 @@ class DecoderRun:
                       for name, value in initial_state(config, encoded, sources).items()}
         layers = config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
         self.cache = SelfAttentionCache(layers, hypotheses, steps, self.ort_value) if layers else None
+        # One binding for the batch: the memory and the cache tables stay bound from step to step.
+        self.binding = session.io_binding()
+        self.bind(self.memory)
+        if self.cache is not None:
+            self.bind(self.cache.inputs)
         # after the first step or sentences leaving the batch: the row of the previous step's state
         # (and cache) each hypothesis row stands for, applied by the next step's reorder
         self.kept_rows = None
@@ -69,6 +74,11 @@ class DecoderRun:
         self.short_rows = {name: value[sources[kept_short]] for name, value in self.short_rows.items()}
         self.memory_rows = {name: value[sources[~kept_short] - short_count] for name, value in self.memory_rows.items()}
         self.memory = self.ort_values()
+        self.bind(self.memory)
+
+    def bind(self, values: dict) -> None:
+        for name, value in values.items():
+            self.binding.bind_ortvalue_input(name, value)
 
     def step(self, tokens: np.ndarray, step: int, reorder: np.ndarray, search: dict):
         """(candidate scores and indices, sources x candidates; read weights N x K) for one target
@@ -79,19 +89,15 @@ class DecoderRun:
         if self.kept_rows is not None:
             reorder, self.kept_rows = self.kept_rows[reorder], None
         arrays = {"prev_tokens": np.ascontiguousarray(tokens), "step": np.array([step], np.int64), **search}
-        values = {**self.state, **self.memory}
-        cache = self.cache
+        cache, binding = self.cache, self.binding
         if cache is None:  # the state is reordered by the graph
             arrays["reorder"] = reorder
         else:
             cache.reorder(reorder)
             arrays["history"] = cache.history(step)
-            values.update(cache.inputs)
-        binding = self.session.io_binding()
         for name, value in arrays.items():
             binding.bind_cpu_input(name, value)
-        for name, value in values.items():
-            binding.bind_ortvalue_input(name, value)
+        self.bind(self.state)
         for name in self.outputs:
             if cache is None or name not in cache.tables:
                 binding.bind_output(name, "cpu")
