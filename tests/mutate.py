@@ -20,6 +20,8 @@ ATTENTION = "fairseq_memattn/modules/attention.py"
 MEMORY = "fairseq_memattn/modules/memory.py"
 READS = "fairseq_memattn/modules/memory_reads.py"
 DEPLOY = "fairseq_memattn/deploy/translator.py"
+SEARCH = "fairseq_memattn/deploy/search.py"
+DECODER = "fairseq_memattn/deploy/decoder.py"
 GRAPH = "fairseq_memattn/export/graph.py"
 FAST_TIER = '-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests'
 # The exported models' tests train models, so they are in the full suite only: run just them.
@@ -61,12 +63,11 @@ MUTATIONS = {
              "gated linear attention's gate without the states (u_t = sigmoid(W s_t + b))"),
     "alignment-transpose": (MEMORY, "alpha_t = alpha.transpose(1, 2)", "alpha_t = alpha.flip(1).transpose(1, 2)",
                             "the alignment beta alpha^T (Sec. 5) with the source reversed"),
-    "unkpen-sign": (DEPLOY, "lprob_edits[:2, self.unk] = -unk_penalty", "lprob_edits[:2, self.unk] = unk_penalty",
+    "unkpen-sign": (SEARCH, "lprob_edits[:2, unk] = -unk_penalty", "lprob_edits[:2, unk] = unk_penalty",
                     "the translator's unknown-word penalty with its sign flipped",
                     EXPORT_TESTS + "test_unknown_word_penalty"),
-    "encoder-runs-axis": (DEPLOY, "np.concatenate([run[i] for run in runs], axis=0)",
-                          "np.concatenate([run[i] for run in runs], axis=1)",
-                          "the translator's encoder runs joined on the wrong axis",
+    "encoder-runs-rows": (DEPLOY, "into = [rows[start: start + step]] +", "into = [rows[start: start + step][::-1]] +",
+                          "the translator's encoder runs written to their sources in reverse",
                           EXPORT_TESTS + "test_encoder_runs_on_slices_of_a_batch"),
     "max-len-batch": (DEPLOY, 'self.max_len((src_tokens != self.config["source_pad"]).sum(axis=1),',
                       "self.max_len(np.full(bsz, src_tokens.shape[1]),",
@@ -76,6 +77,19 @@ MUTATIONS = {
                          "        if False:\n            out = g.op(\"Add\", out, g.weight(self.v_proj.bias",
                          "a short source's memory read through alpha without the value bias",
                          EXPORT_TESTS + '"translator_equals_fairseq_generate and attention"'),
+    "short-first-attention": (READS, 'out = g.op("Concat", out_short, out_other, axis=0)',
+                              'out = g.op("Concat", out_other, out_short, axis=0)',
+                              "a batch's short and long sources' attention reads joined in the wrong order",
+                              EXPORT_TESTS + "short_and_long"),
+    "short-first-mix": (MEMORY, 'g.op("MatMul", beta_other, contexts), axis=0)',
+                        'g.op("MatMul", beta_other, contexts), axis=0) if False else g.op("Concat", '
+                        'g.op("MatMul", beta_other, contexts), g.op("MatMul", g.op("MatMul", beta_short, '
+                        'short.alpha_rows(g)[1]), short_contexts), axis=0)',
+                        "the same for the mix read",
+                        EXPORT_TESTS + "short_and_long"),
+    "short-keep": (DECODER, "kept_short = sources < short_count", "kept_short = sources <= short_count",
+                   "the sources left in a batch split between the two memory layouts one row off",
+                   EXPORT_TESTS + "short_and_long"),
     "int8-weight-bits": (GRAPH, "WEIGHT_LEVELS = 63", "WEIGHT_LEVELS = 127",
                          "int8 weights in 8 bits, which overflow the 16-bit pair sums of CPUs without VNNI",
                          "-x -q -p no:cacheprovider tests/test_export_int8.py -k quantizes_each_row"),
