@@ -37,6 +37,8 @@ class DecoderRun:
                  steps: int, short: Optional[Dict[str, np.ndarray]] = None):
         self.session, self.outputs = session, [o.name for o in session.get_outputs()]
         self.ort_value = ort.OrtValue.ortvalue_from_numpy
+        # One binding for the batch: the memory and the cache tables stay bound from step to step.
+        self.binding = session.io_binding()
         names = config["memory_outputs"]
         inputs = {arg.name: arg.shape for arg in session.get_inputs()}
         # each set of sources' memory rows: the graph's inputs by name; an absent set is empty
@@ -46,24 +48,24 @@ class DecoderRun:
         if "short_source_rows" in config:  # graph input: encoder output
             for name, output in {**{short_memory_name(n): n for n in names}, "alpha": "alpha"}.items():
                 self.short_rows[name] = short[output] if short is not None else empty(inputs[name], 1)
-        self.memory = self.ort_values()
+        self.bind_memory()
         sources = sum(len(next(iter(rows.values()))) for rows in (self.memory_rows, self.short_rows) if rows)
         self.hypotheses = hypotheses
         self.state = {name: self.ort_value(value)
                       for name, value in initial_state(config, encoded, sources).items()}
         layers = config.get("self_attention_cache")  # the Transformer's; the LSTM's state is h and c
         self.cache = SelfAttentionCache(layers, hypotheses, steps, self.ort_value) if layers else None
-        # One binding for the batch: the memory and the cache tables stay bound from step to step.
-        self.binding = session.io_binding()
-        self.bind(self.memory)
         if self.cache is not None:
             self.bind(self.cache.inputs)
         # after the first step or sentences leaving the batch: the row of the previous step's state
         # (and cache) each hypothesis row stands for, applied by the next step's reorder
         self.kept_rows = None
 
-    def ort_values(self) -> dict:
-        return {name: self.ort_value(value) for name, value in (*self.memory_rows.items(), *self.short_rows.items())}
+    def bind_memory(self) -> None:
+        """Both sets' memory rows as OrtValues (kept: they stand for the arrays), bound to the step's inputs."""
+        self.memory = {name: self.ort_value(value)
+                       for name, value in (*self.memory_rows.items(), *self.short_rows.items())}
+        self.bind(self.memory)
 
     def keep(self, sources: np.ndarray, rows: np.ndarray) -> None:
         """Only these sources (memory rows, the short sources' first) and hypotheses (state rows)
@@ -73,8 +75,7 @@ class DecoderRun:
         kept_short = sources < short_count
         self.short_rows = {name: value[sources[kept_short]] for name, value in self.short_rows.items()}
         self.memory_rows = {name: value[sources[~kept_short] - short_count] for name, value in self.memory_rows.items()}
-        self.memory = self.ort_values()
-        self.bind(self.memory)
+        self.bind_memory()
 
     def bind(self, values: dict) -> None:
         for name, value in values.items():
