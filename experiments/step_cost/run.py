@@ -22,7 +22,6 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from fairseq_memattn.deploy import Translator
-from fairseq_memattn.deploy.dictionary import Dictionary
 
 
 def test_sentences(data: str, source_lang: str):
@@ -45,7 +44,7 @@ def step_costs(args):
 
     translator = Translator(args.export, threads=1)
     ct2 = ctranslate2.Translator(args.ct2_model, device="cpu", intra_threads=1, inter_threads=1)
-    dictionary = Dictionary(os.path.join(args.export, "dict.source.txt"))
+    dictionary = translator.src_dict
     sentences = test_sentences(args.data, args.source_lang)
     print(f"| sources | hypotheses | export, ms per step | CTranslate2, ms per step | export / CTranslate2 |\n"
           f"|---:|---:|---:|---:|---:|")
