@@ -202,7 +202,7 @@ def test_cpu_training_stops_after_patience_epochs_however_often_it_is_resumed(tm
 
     monkeypatch.setattr(converge_cpu, "run_fairseq", fake_fairseq)
     args = Namespace(out=str(tmp_path), work=str(tmp_path), data=str(tmp_path), seed=1, patience=3,
-                     max_epoch=100, train_args=[])
+                     max_epoch=100, train_args=[], pair="transformer")
     assert converge_cpu.train(args, "transformer", None, lambda: None)
     # 3 epochs (best at 2, 1 old), 2 more (best at 4, 1 old), 2 more: best 3 old, stop.
     assert asked == [3, 5, 7]
@@ -224,7 +224,7 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     ran = cpu_driver(data, tmp_path, *toy)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     table = (tmp_path / "results" / "table.md").read_text()
-    for model in converge_cpu.PAIR:
+    for model in converge_cpu.PAIRS["transformer"]:
         row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "3"
@@ -233,7 +233,7 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
         assert sum(line.startswith(f"| {label} |") for line in table.splitlines()) == 1, label  # one fraction
     assert "fine-tuned (all parameters) for 20 % of N" in table
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
-    logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR}
+    logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIRS["transformer"]}
 
     (tmp_path / "results" / "table.md").unlink()
     assert cpu_driver(data, tmp_path, "--report", timeout=300).returncode == 0
@@ -242,7 +242,39 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
                      (tmp_path / "results" / "table.md").read_text(), re.M)
     again = cpu_driver(data, tmp_path, *toy, timeout=300)  # all done: nothing trains again
     assert again.returncode == 0, again.stderr[-3000:]
-    assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIR} == logs
+    assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIRS["transformer"]} == logs
+
+
+@pytest.mark.slow
+def test_cpu_lstm_run_decodes_and_diagnoses_the_three_lstms_and_converts_nothing(own_pair_recipe, tmp_path):
+    from recipes.bible import converge_cpu
+
+    # One epoch each: no checkpoints to average (the Transformer's run above averages them).
+    ran = cpu_driver(own_pair_recipe["out"], tmp_path, "--pair", "lstm", "--max-epoch", "1", "--train-args",
+                     "--batch-size 100 --encoder-hidden-size 32 --decoder-hidden-size 32 " + TOY_SIZES)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    results = tmp_path / "results"
+    for model in converge_cpu.PAIRS["lstm"]:
+        log = (results / "cpu" / model / "train.log").read_text()
+        assert "--arch lstm_memattn_wmt" in log and "--encoder-hidden-size 128" in log  # the LSTM's CPU size
+        assert "--encoder-ffn-embed-dim" not in log  # not the Transformer's
+    table = (results / "table.md").read_text()
+    assert table.startswith("# Bible en-fr at convergence: lstm_memattn, lstm_memattn_position_mean against lstm_att")
+    assert "python -m recipes.bible.converge_cpu --pair lstm --data DATA" in table
+    for model in ("lstm_att", "lstm_memattn"):  # the pair, on test
+        cells = [c.strip() for c in next(line for line in table.splitlines()
+                                         if line.startswith(f"| {model} |")).strip("|").split("|")]
+        assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "1"
+        assert all(float(cell) >= 0 for cell in cells[6:8]) and cells[8:10] == ["", ""] and float(cells[12]) > 0
+    # The variant on validation only, beside the pair; the memory LSTMs' reads measured.
+    assert not any((results / "cpu" / "lstm_memattn_position_mean").glob("*/hyp.test.fr"))
+    section = table.split("## The LSTM gap, on validation")[1]
+    variant = [line for line in section.splitlines() if line.startswith("| lstm_memattn_position_mean |")]
+    assert len(variant) == 2 and variant[1].split("|")[2].strip() == "--memory-position-normalize mean"
+    assert all(0 <= float(cell) <= 1 for cell in variant[1].strip("|").split("|")[5:9])
+    assert (results / "cpu" / "lstm_memattn" / f"attention_valid{converge.PLOTTED_EXAMPLE}.png").exists()
+    assert "converted" not in table and not (tmp_path / "work" / "convert").exists()
+    assert (results / "curves_lstm_cpu.png").stat().st_size > 0
 
 
 def test_cpu_driver_refuses_a_fraction_that_is_not_positive(tmp_path, capsys):

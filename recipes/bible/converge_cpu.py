@@ -5,6 +5,8 @@ validation loss has not improved for --patience (5) epochs; then both decoded (b
 average of the last epochs'); then the converged transformer converted to transformer_memattn and
 fine-tuned for 5 % and 10 % of its updates beside the transformer continued as long
 (``recipes/convert/run.py``); the table and curves in results/bible/converged/.
+``--pair lstm`` trains ``lstm_att`` against ``lstm_memattn`` (Table 2's setting) and the variant the
+LSTM gap's diagnosis points to, the same way (results/bible/converged/cpu_lstm/).
 
     nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &
 
@@ -29,14 +31,33 @@ from recipes.bible import compare, converge
 from recipes.convert import run as convert_run
 from recipes.train_log import plot_curves, read_train_log, run_logged
 
-PAIR = ("transformer", "transformer_memattn")
-# compare.py's small Transformer at half its width, with less dropout for the smaller model, so that
-# the pair converges within a few hours on two cores (docs/wmt17.md has the estimate).
-CPU_SIZE = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
-            "--decoder-ffn-embed-dim", "512", "--dropout", "0.1"]
-DEFAULT_WORK = os.path.join(compare.REPO, "checkpoints", "bible", "converged")
-DEFAULT_OUT = os.path.join(compare.REPO, "results", "bible", "converged")
-COMMAND = "nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &"
+# What --pair trains: the baseline first, then memory attention. The LSTMs add the variant whose
+# position encodings are renormalised to a mean of 1, which the LSTM gap's diagnosis points to.
+PAIRS = {"transformer": ("transformer", "transformer_memattn"),
+         "lstm": ("lstm_att", "lstm_memattn", "lstm_memattn_position_mean")}
+# compare.py's models at half their width, so that a pair converges within hours on two cores
+# (docs/wmt17.md has the estimates); the Transformers with less dropout for the smaller model.
+CPU_SIZES = {"transformer": ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+                             "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--dropout", "0.1"],
+             "lstm": ["--encoder-hidden-size", "128", "--decoder-hidden-size", "128", "--encoder-embed-dim", "128",
+                      "--decoder-embed-dim", "128"]}
+SETTINGS = {"transformer": "recipes/bible/compare.py's small Transformer at half its width (3 + 3 layers of 128 "
+                           "units, 4 heads, FFN 512), dropout 0.1, batches of 4,096 tokens, Adam with the inverse "
+                           "square root schedule (lr 1e-3, 1,000 warm-up updates), label smoothing 0.1; "
+                           "transformer_memattn with K = 64 and its defaults",
+            "lstm": "recipes/bible/compare.py's LSTMs at half their width (2 + 2 layers of 128 units, "
+                    "embeddings of 128), dropout 0.2, batches of 64 sentences, Adam (lr 1e-3), gradients clipped "
+                    "at 1; lstm_memattn with Table 2's setting (K = 64, position encodings, sigmoid / softmax), "
+                    "lstm_memattn_position_mean the same with the encodings renormalised to a mean of 1"}
+DEFAULT_WORK = {"transformer": os.path.join(compare.REPO, "checkpoints", "bible", "converged"),
+                "lstm": os.path.join(compare.REPO, "checkpoints", "bible", "converged_lstm")}
+DEFAULT_OUT = {"transformer": os.path.join(compare.REPO, "results", "bible", "converged"),
+               "lstm": os.path.join(compare.REPO, "results", "bible", "converged", "cpu_lstm")}
+
+
+def command(pair):
+    option = "" if pair == "transformer" else f" --pair {pair}"
+    return f"nohup nice -n 10 python -m recipes.bible.converge_cpu{option} --data DATA > converge_cpu.log 2>&1 &"
 
 
 def epochs_since_best(curve):
@@ -90,7 +111,7 @@ def train(args, model, lock, on_round):
             return True
         # No stop can come before patience - waited more epochs: one fairseq-train runs them all.
         epochs = min(len(curve) + args.patience - waited, args.max_epoch)
-        options = [*CPU_SIZE, "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST), "--max-epoch", str(epochs),
+        options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST), "--max-epoch", str(epochs),
                    *args.train_args]
         command = converge.train_command(model, os.path.join(args.data, "data-bin"), checkpoint_dir(args, model),
                                          args.seed, options)
@@ -100,20 +121,26 @@ def train(args, model, lock, on_round):
         on_round()
 
 
-def decoded(folder):
-    return all(os.path.isfile(os.path.join(folder, part)) for part in
-               ("best/hyp.valid.fr", "best/evaluate.test.json", "average/hyp.test.fr"))
+def decoded(folder, model):
+    parts = (("best/hyp.valid.fr", "average/hyp.valid.fr") if model in converge.VARIANTS else
+             ("best/hyp.valid.fr", "best/evaluate.test.json", "average/hyp.test.fr"))
+    return all(os.path.isfile(os.path.join(folder, part)) for part in parts)
 
 
 def decode(args, model):
-    """Best checkpoint (valid, and test timed alone) and the average of the last epochs' (valid, test)."""
+    """Best checkpoint (valid, and test timed alone) and the average of the last epochs' (valid, test);
+    a variant on valid only. A memory LSTM's memory read on valid and its attention drawn
+    (converge.diagnose)."""
     folder = os.path.join(args.out, "cpu", model)
-    if decoded(folder):
+    if decoded(folder, model):
         return
     settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
     converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
-    converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test",
-                      os.path.join(folder, "best"))
+    if model not in converge.VARIANTS:
+        converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test",
+                          os.path.join(folder, "best"))
+    if model in converge.LSTM_MODELS:
+        converge.diagnose(settings, os.path.join(args.out, "cpu"), args.work, model)
     converge.compress_outputs(folder)
 
 
@@ -122,7 +149,7 @@ def conversion_settings(args):
     return Namespace(data=args.data, source=os.path.join(checkpoint_dir(args, "transformer"), "checkpoint_best.pt"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
                      fractions=args.convert_fractions, write_only_updates=0, seed=args.seed,
-                     extra=[*CPU_SIZE, *args.train_args], run=None)
+                     extra=[*CPU_SIZES["transformer"], *args.train_args], run=None)
 
 
 def conversion_command(settings, *step):
@@ -140,11 +167,10 @@ def convert(args, lock):
     return all(run.wait() == 0 for run in runs)
 
 
-def runs_so_far(args):
+def runs_so_far(args, references):
     """converge.read_run of each model with a log, stopped by patience or still running."""
-    references = converge.read_references(args.data)
     runs = {}
-    for model in PAIR:
+    for model in PAIRS[args.pair]:
         if os.path.isfile(log_path(args, model)):
             runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
             curve = runs[model]["log"]["curve"]
@@ -154,30 +180,31 @@ def runs_so_far(args):
 
 
 def write_results(args, conversion_rows=()):
-    runs = runs_so_far(args)
-    plot_curves(os.path.join(args.out, "curves_transformer_cpu.png"),
-                "Bible en-fr, CPU: transformer_memattn against transformer",
+    references = converge.read_references(args.data)
+    runs = runs_so_far(args, references)
+    baseline, memory = PAIRS[args.pair][:2]
+    plot_curves(os.path.join(args.out, f"curves_{args.pair}_cpu.png"),
+                f"Bible en-fr, CPU: {memory} against {baseline}",
                 {m: run["log"]["curve"] for m, run in runs.items()})
     rows, signatures = converge.pair_rows(runs, "CPU")
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
     minutes = {m: statistics.median(run["log"]["epoch_seconds"] or [0]) / 60 for m, run in runs.items()}
-    lines = ["# Bible en-fr at convergence: transformer_memattn against transformer", "",
-             "Both trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
-             f"{args.patience} epochs without a better validation loss: recipes/bible/compare.py's small "
-             "Transformer at half its width (3 + 3 layers of 128 units, 4 heads, FFN 512), dropout 0.1, "
-             "batches of 4,096 tokens, Adam with the inverse square root schedule (lr 1e-3, 1,000 warm-up "
-             "updates), label smoothing 0.1; transformer_memattn with K = 64 and its defaults. Test split "
+    models = ", ".join(PAIRS[args.pair][1:])
+    lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
+             "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
+             f"{args.patience} epochs without a better validation loss: {SETTINGS[args.pair]}. Test split "
              "(Romans), beam 5, sacreBLEU on detokenised text, from the best checkpoint and from the average "
              f"of the last {converge.AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
              "better on validation for both models, else on the best. ms / token: the test split decoded "
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
-             "", "```bash", COMMAND, "```", "",
+             "", "```bash", command(args.pair), "```", "",
              *converge.TABLE_HEADER, *rows, "",
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
-             "Validation curves: [curves_transformer_cpu.png](curves_transformer_cpu.png); each run's log, "
+             f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
+    lines += converge.lstm_gap_section(os.path.join(args.out, "cpu"), runs, args.data, references["valid"])
     lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
@@ -198,8 +225,12 @@ def hold_lock(work):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
-    p.add_argument("--work", default=DEFAULT_WORK, help="checkpoints (default checkpoints/bible/converged)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="logs, hypotheses, table and curves (default results/bible/converged)")
+    p.add_argument("--pair", choices=sorted(PAIRS), default="transformer",
+                   help="the models: " + "; ".join(f"{pair}: {' '.join(models)}" for pair, models in PAIRS.items())
+                        + " (default transformer)")
+    p.add_argument("--work", help="checkpoints (default checkpoints/bible/converged, converged_lstm for --pair lstm)")
+    p.add_argument("--out", help="logs, hypotheses, table and curves (default results/bible/converged, its "
+                                 "cpu_lstm/ for --pair lstm)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--patience", type=int, default=converge.PATIENCE,
                    help=f"epochs without a better validation loss that end a run (default {converge.PATIENCE})")
@@ -212,6 +243,8 @@ def main(argv=None):
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
+    args.work = args.work or DEFAULT_WORK[args.pair]
+    args.out = args.out or DEFAULT_OUT[args.pair]
     for name in ("patience", "max_epoch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
@@ -229,7 +262,8 @@ def main(argv=None):
         converge.log(f"already running (the lock {os.path.join(args.work, 'driver.lock')} is held): nothing to do")
         return 0
     # Under the lock: a running driver's first epoch is logged before its checkpoint is saved.
-    for problem in filter(None, (orphaned_log(args, model) for model in PAIR)):
+    models = PAIRS[args.pair]
+    for problem in filter(None, (orphaned_log(args, model) for model in models)):
         p.error(problem)
     written = threading.Lock()
 
@@ -239,17 +273,20 @@ def main(argv=None):
 
     threads = {}
     outcome = {}
-    for model in PAIR:
+    for model in models:
         threads[model] = threading.Thread(target=lambda m=model: outcome.update({m: train(args, m, lock, on_round)}))
         threads[model].start()
     for thread in threads.values():
         thread.join()
     if not all(outcome.values()):
         return 1
-    converge.log("both converged: decoding")
-    for model in PAIR:
+    converge.log("all converged: decoding")
+    for model in models:
         decode(args, model)
     write_results(args)
+    if "transformer" not in models:
+        converge.log(f"done: {os.path.join(args.out, 'table.md')}")
+        return 0
     converge.log("converting the transformer and fine-tuning")
     if not convert(args, lock):
         return 1
