@@ -1,0 +1,108 @@
+"""fairseq-generate's other search strategies and options over both memory models, built as
+fairseq-generate builds them (``FairseqTask.build_generator``), on untrained tiny models: each test
+checks what the option promises of the hypotheses, so a model whose incremental state or reorder
+breaks under a strategy fails. Left out, as fairseq's main fails them for its own ``transformer``
+too: ``--diverse-beam-groups`` and ``--print-step`` end in errors, and ``--no-repeat-ngram-size``
+blocks nothing on CPU (it compares the padding after the hypothesis, facebookresearch/fairseq#4709)."""
+
+from argparse import Namespace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import BEAM_SOURCES, build_model, left_padded_batch
+from fairseq.sequence_scorer import SequenceScorer
+from fairseq.tasks import FairseqTask
+from fairseq.token_generation_constraints import pack_constraints
+from test_transformer_memattn import build_transformer
+
+MODELS = {"lstm_memattn": lambda d: build_model(d, attention_type="memory"),
+          "transformer_memattn": build_transformer}
+
+
+@pytest.fixture(params=sorted(MODELS))
+def model(request, dictionary):
+    return MODELS[request.param](dictionary)
+
+
+def generate(model, dictionary, prefix_tokens=None, constraint_tokens=None, **options):
+    """Hypotheses of BEAM_SOURCES, beam 4 unless OPTIONS (fairseq-generate's, as attributes) say."""
+    options = Namespace(**{"beam": 4, "max_len_b": 12, **options})
+    generator = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model], options)
+    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
+    sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    with torch.no_grad():
+        return generator.generate([model], sample, prefix_tokens=prefix_tokens, constraints=constraint_tokens)
+
+
+def token_lists(beams):
+    return [[h["tokens"].tolist() for h in hypotheses] for hypotheses in beams]
+
+
+def test_sampling_from_the_top_token_is_greedy_search(model, dictionary):
+    greedy = generate(model, dictionary, beam=1)
+    sampled = generate(model, dictionary, beam=1, sampling=True, sampling_topk=1)
+    assert token_lists(sampled) == token_lists(greedy)
+    for a, b in zip(sampled, greedy):
+        torch.testing.assert_close(a[0]["positional_scores"], b[0]["positional_scores"])
+
+
+def test_diverse_siblings_without_a_penalty_is_beam_search(model, dictionary):
+    """--diversity-rate 0 ranks the same candidates as beam search; a rate of 2 changes the beams."""
+    beams = generate(model, dictionary)
+    assert token_lists(generate(model, dictionary, diversity_rate=0)) == token_lists(beams)
+    assert token_lists(generate(model, dictionary, diversity_rate=2)) != token_lists(beams)
+
+
+def test_prefix_tokens_start_every_hypothesis(model, dictionary):
+    prefix = torch.tensor([[5, 6], [7, 7], [4, 9], [8, 5], [6, 4]])
+    for row, hypotheses in zip(prefix.tolist(), generate(model, dictionary, prefix_tokens=prefix)):
+        assert all(h["tokens"].tolist()[:2] == row for h in hypotheses)
+
+
+def test_match_source_len_gives_each_hypothesis_its_sources_length(model, dictionary):
+    """fairseq counts the source with its EOS, the hypothesis without."""
+    for source, hypotheses in zip(BEAM_SOURCES, generate(model, dictionary, match_source_len=True)):
+        assert [len(h["tokens"]) - 1 for h in hypotheses] == [len(source) + 1] * 4
+
+
+def bigrams(tokens):
+    return list(zip(tokens, tokens[1:]))
+
+
+@pytest.mark.parametrize("order", ["ordered", "unordered"])
+def test_lexical_constraints_appear_in_every_hypothesis(model, dictionary, order):
+    """--constraints: the phrase (9, 3) in every hypothesis of every sentence, which the plain
+    beam search does not give."""
+    phrase = (9, 3)
+    tokens = pack_constraints([[torch.tensor(phrase)]] * len(BEAM_SOURCES))
+
+    def holding(beams):
+        return [phrase in bigrams(h["tokens"].tolist()) for hypotheses in beams for h in hypotheses]
+
+    assert not all(holding(generate(model, dictionary)))
+    constrained = generate(model, dictionary, constraint_tokens=tokens, constraints=order)
+    assert all(constrained) and all(holding(constrained))  # each sentence has at least one hypothesis
+
+
+def test_score_reference_gives_the_search_scores_of_its_own_best_hypotheses(model, dictionary):
+    """--score-reference scores a target in one teacher-forced pass; given the best hypotheses of
+    the beam search (incremental, with beam reorders) it must give their positional scores."""
+    best = [hypotheses[0] for hypotheses in generate(model, dictionary)]
+    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
+    width = max(len(h["tokens"]) for h in best)
+    target = torch.full((len(best), width), dictionary.pad())
+    prev = torch.full((len(best), width), dictionary.pad())
+    for row, h in enumerate(best):
+        target[row, : len(h["tokens"])] = h["tokens"]
+        prev[row, : len(h["tokens"])] = torch.cat([torch.tensor([dictionary.eos()]), h["tokens"][:-1]])
+    sample = {"id": torch.arange(len(best)), "target": target,
+              "net_input": {"src_tokens": tokens, "src_lengths": lengths, "prev_output_tokens": prev}}
+    scorer = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model],
+                                         Namespace(score_reference=True))
+    assert isinstance(scorer, SequenceScorer)
+    with torch.no_grad():
+        scored = scorer.generate([model], sample)
+    for h, (reference,) in zip(best, scored):
+        assert reference["tokens"].tolist() == h["tokens"].tolist()
+        torch.testing.assert_close(reference["positional_scores"], h["positional_scores"], rtol=1e-4, atol=1e-5)
