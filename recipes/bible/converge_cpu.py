@@ -238,7 +238,7 @@ def main(argv=None):
                    help="more fairseq-train options, one string (they override the recipe's)")
     p.add_argument("--max-epoch", type=int, default=sys.maxsize, help="a cap on epochs (default none)")
     p.add_argument("--convert-fractions", type=float, nargs="+", default=converge.CONVERT_FRACTIONS,
-                   help="fine-tune the converted transformer for these fractions of its updates "
+                   help="--pair transformer: fine-tune the converted transformer for these fractions of its updates "
                         f"(default {' '.join(map(str, converge.CONVERT_FRACTIONS))})")
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
