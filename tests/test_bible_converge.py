@@ -224,7 +224,8 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     ran = cpu_driver(data, tmp_path, *toy)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     table = (tmp_path / "results" / "table.md").read_text()
-    for model in converge_cpu.PAIRS["transformer"]:
+    pair = converge_cpu.PAIRS["transformer"]
+    for model in pair:
         row = next(line for line in table.splitlines() if line.startswith(f"| {model} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "3"
@@ -233,7 +234,7 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
         assert sum(line.startswith(f"| {label} |") for line in table.splitlines()) == 1, label  # one fraction
     assert "fine-tuned (all parameters) for 20 % of N" in table
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
-    logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIRS["transformer"]}
+    logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in pair}
 
     (tmp_path / "results" / "table.md").unlink()
     assert cpu_driver(data, tmp_path, "--report", timeout=300).returncode == 0
@@ -242,7 +243,7 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
                      (tmp_path / "results" / "table.md").read_text(), re.M)
     again = cpu_driver(data, tmp_path, *toy, timeout=300)  # all done: nothing trains again
     assert again.returncode == 0, again.stderr[-3000:]
-    assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in converge_cpu.PAIRS["transformer"]} == logs
+    assert {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in pair} == logs
 
 
 @pytest.mark.slow

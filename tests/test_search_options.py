@@ -25,10 +25,14 @@ def model(request, dictionary):
     return MODELS[request.param](dictionary)
 
 
+def build_generator(model, dictionary, options):
+    """What fairseq-generate builds for OPTIONS (its options, as attributes)."""
+    return FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model], Namespace(**options))
+
+
 def generate(model, dictionary, prefix_tokens=None, constraint_tokens=None, **options):
-    """Hypotheses of BEAM_SOURCES, beam 4 unless OPTIONS (fairseq-generate's, as attributes) say."""
-    options = Namespace(**{"beam": 4, "max_len_b": 12, **options})
-    generator = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model], options)
+    """Hypotheses of BEAM_SOURCES, beam 4 unless OPTIONS say."""
+    generator = build_generator(model, dictionary, {"beam": 4, "max_len_b": 12, **options})
     tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
     sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
     with torch.no_grad():
@@ -98,8 +102,7 @@ def test_score_reference_gives_the_search_scores_of_its_own_best_hypotheses(mode
         prev[row, : len(h["tokens"])] = torch.cat([torch.tensor([dictionary.eos()]), h["tokens"][:-1]])
     sample = {"id": torch.arange(len(best)), "target": target,
               "net_input": {"src_tokens": tokens, "src_lengths": lengths, "prev_output_tokens": prev}}
-    scorer = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model],
-                                         Namespace(score_reference=True))
+    scorer = build_generator(model, dictionary, {"score_reference": True})
     assert isinstance(scorer, SequenceScorer)
     with torch.no_grad():
         scored = scorer.generate([model], sample)

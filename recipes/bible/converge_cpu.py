@@ -55,7 +55,7 @@ DEFAULT_OUT = {"transformer": os.path.join(compare.REPO, "results", "bible", "co
                "lstm": os.path.join(compare.REPO, "results", "bible", "converged", "cpu_lstm")}
 
 
-def command(pair):
+def driver_command(pair):
     option = "" if pair == "transformer" else f" --pair {pair}"
     return f"nohup nice -n 10 python -m recipes.bible.converge_cpu{option} --data DATA > converge_cpu.log 2>&1 &"
 
@@ -111,8 +111,8 @@ def train(args, model, lock, on_round):
             return True
         # No stop can come before patience - waited more epochs: one fairseq-train runs them all.
         epochs = min(len(curve) + args.patience - waited, args.max_epoch)
-        options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST), "--max-epoch", str(epochs),
-                   *args.train_args]
+        options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST),
+                   "--max-epoch", str(epochs), *args.train_args]
         command = converge.train_command(model, os.path.join(args.data, "data-bin"), checkpoint_dir(args, model),
                                          args.seed, options)
         if not run_fairseq(command, log, lock):
@@ -131,16 +131,17 @@ def decode(args, model):
     """Best checkpoint (valid, and test timed alone) and the average of the last epochs' (valid, test);
     a variant on valid only. A memory LSTM's memory read on valid and its attention drawn
     (converge.diagnose)."""
-    folder = os.path.join(args.out, "cpu", model)
+    stage = os.path.join(args.out, "cpu")
+    folder = os.path.join(stage, model)
     if decoded(folder, model):
         return
     settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
-    converge.decode(settings, os.path.join(args.out, "cpu"), args.work, model)
+    converge.decode(settings, stage, args.work, model)
     if model not in converge.VARIANTS:
         converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test",
                           os.path.join(folder, "best"))
     if model in converge.LSTM_MODELS:
-        converge.diagnose(settings, os.path.join(args.out, "cpu"), args.work, model)
+        converge.diagnose(settings, stage, args.work, model)
     converge.compress_outputs(folder)
 
 
@@ -199,7 +200,7 @@ def write_results(args, conversion_rows=()):
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
-             "", "```bash", command(args.pair), "```", "",
+             "", "```bash", driver_command(args.pair), "```", "",
              *converge.TABLE_HEADER, *rows, "",
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
