@@ -214,6 +214,48 @@ def test_cpu_training_stops_after_patience_epochs_however_often_it_is_resumed(tm
     assert converge_cpu.train(args, "transformer", None, lambda: None) and asked == [8]  # the cap
 
 
+def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, monkeypatch):
+    """The driver's threads against stand-ins for fairseq-train and the decoders: lstm_att stops after
+    2 epochs, the others train until lstm_att has been decoded (or 10 s); the test split from the best
+    checkpoints is decoded after every model has stopped, one at a time."""
+    import threading
+
+    from recipes.bible import converge_cpu
+
+    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    first, other = "lstm_att", "lstm_memattn"
+    decoded_first = threading.Event()
+    events = []
+
+    def fake_fairseq(command, log, lock):
+        model = os.path.basename(os.path.dirname(log))
+        if model != first:
+            decoded_first.wait(10)
+        losses = [5.0, 4.0, 4.5] if model == first else [5.0, 4.0, 3.5, 3.0, 3.1]
+        with open(log, "a") as f:
+            for epoch, loss in enumerate(losses, 1):
+                f.write(f"2026-01-01 00:00:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | "
+                        f"loss {loss} | nll_loss 1 | num_updates {10 * epoch}\n")
+        events.append(("trained", model))
+        return True
+
+    def fake_decode(args, model):
+        events.append(("decoded", model))
+        if model == first:
+            decoded_first.set()
+
+    monkeypatch.setattr(converge_cpu, "run_fairseq", fake_fairseq)
+    monkeypatch.setattr(converge_cpu, "decode", fake_decode)
+    monkeypatch.setattr(converge_cpu, "decode_test_alone", lambda args, model: events.append(("test", model)))
+    monkeypatch.setattr(converge_cpu, "write_results", lambda *args: None)
+    assert converge_cpu.main(["--pair", "lstm", "--patience", "1", "--data", str(tmp_path / "data"),
+                              "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == 0
+    pair = converge_cpu.PAIRS["lstm"]
+    assert events[:2] == [("trained", first), ("decoded", first)]
+    assert events.index(("decoded", other)) == events.index(("trained", other)) + 1
+    assert events[-len(pair):] == [("test", model) for model in pair]
+
+
 @pytest.mark.slow
 def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe, tmp_path):
     from recipes.bible import converge_cpu

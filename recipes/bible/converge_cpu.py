@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Quality at convergence on a CPU: fairseq's ``transformer`` against ``transformer_memattn`` (K = 64,
 the architecture's defaults) on the Bible en-fr data, side by side on one thread each, each until its
-validation loss has not improved for --patience (5) epochs; then both decoded (best checkpoint and the
-average of the last epochs'); then the converged transformer converted to transformer_memattn and
-fine-tuned for 5 % and 10 % of its updates beside the transformer continued as long
-(``recipes/convert/run.py``); the table and curves in results/bible/converged/.
+validation loss has not improved for --patience (5) epochs and then decoded at once (best checkpoint
+and the average of the last epochs'), the test split from the best checkpoints timed one at a time once
+both have stopped; then the converged transformer converted to transformer_memattn and fine-tuned for
+5 % and 10 % of its updates beside the transformer continued as long (``recipes/convert/run.py``); the
+table and curves in results/bible/converged/.
 ``--pair lstm`` trains ``lstm_att`` against ``lstm_memattn`` (Table 2's setting) and the variant the
 LSTM gap's diagnosis points to, the same way (results/bible/converged/cpu_lstm/).
 
@@ -123,26 +124,42 @@ def train(args, model, lock, on_round):
 
 def decoded(folder, model):
     parts = (("best/hyp.valid.fr", "average/hyp.valid.fr") if model in converge.VARIANTS else
-             ("best/hyp.valid.fr", "best/evaluate.test.json", "average/hyp.test.fr"))
+             ("best/hyp.valid.fr", "average/hyp.test.fr"))
     return all(os.path.isfile(os.path.join(folder, part)) for part in parts)
 
 
 def decode(args, model):
-    """Best checkpoint (valid, and test timed alone) and the average of the last epochs' (valid, test);
-    a variant on valid only. A memory LSTM's memory read on valid and its attention drawn
-    (converge.diagnose)."""
+    """Valid from the best checkpoint and valid and test from the average of the last epochs' (a
+    variant: valid only); a memory LSTM's memory read on valid and its attention drawn
+    (converge.diagnose). Run as soon as the model has stopped, beside the others' training."""
     stage = os.path.join(args.out, "cpu")
-    folder = os.path.join(stage, model)
-    if decoded(folder, model):
+    if decoded(os.path.join(stage, model), model):
         return
     settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
     converge.decode(settings, stage, args.work, model)
-    if model not in converge.VARIANTS:
-        converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test",
-                          os.path.join(folder, "best"))
     if model in converge.LSTM_MODELS:
         converge.diagnose(settings, stage, args.work, model)
+    converge.compress_outputs(os.path.join(stage, model))
+
+
+def decode_test_alone(args, model):
+    """Test from the best checkpoint, once every model has stopped: nothing else runs, so that the
+    models' ms / token compare."""
+    folder = os.path.join(args.out, "cpu", model, "best")
+    if model in converge.VARIANTS or os.path.isfile(os.path.join(folder, "evaluate.test.json")):
+        return
+    settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
+    converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test", folder)
     converge.compress_outputs(folder)
+
+
+def train_and_decode(args, model, lock, on_round):
+    """train, then decode at once: the core a model frees decodes it while the others still train."""
+    if not train(args, model, lock, on_round):
+        return False
+    decode(args, model)
+    on_round()
+    return True
 
 
 def conversion_settings(args):
@@ -275,15 +292,16 @@ def main(argv=None):
     threads = {}
     outcome = {}
     for model in models:
-        threads[model] = threading.Thread(target=lambda m=model: outcome.update({m: train(args, m, lock, on_round)}))
+        threads[model] = threading.Thread(
+            target=lambda m=model: outcome.update({m: train_and_decode(args, m, lock, on_round)}))
         threads[model].start()
     for thread in threads.values():
         thread.join()
-    if not all(outcome.values()):
+    if not all(outcome.get(model) for model in models):  # a failure, or an exception in a thread
         return 1
-    converge.log("all converged: decoding")
+    converge.log("all stopped: test from the best checkpoints, one at a time")
     for model in models:
-        decode(args, model)
+        decode_test_alone(args, model)
     write_results(args)
     if "transformer" not in models:
         converge.log(f"done: {os.path.join(args.out, 'table.md')}")

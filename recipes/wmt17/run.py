@@ -194,8 +194,11 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
     with open(os.path.join(out, f"generate.{subset}.txt"), "w", encoding="utf-8") as f:
         f.write(result.stdout)
     hyps, missing = read_hypotheses(result.stdout, len(refs))
-    with open(os.path.join(out, f"hyp.{subset}.{tgt}"), "w", encoding="utf-8") as f:
+    # Written whole, then renamed: a report scoring the folder meanwhile never reads half a file.
+    hypotheses = os.path.join(out, f"hyp.{subset}.{tgt}")
+    with open(hypotheses + ".part", "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hyps)
+    os.replace(hypotheses + ".part", hypotheses)
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hyps, [refs])
     return {"bleu": round(score.score, 2), "score": str(score), "signature": str(bleu.get_signature()),
