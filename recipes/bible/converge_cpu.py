@@ -122,6 +122,11 @@ def train(args, model, lock, on_round):
         on_round()
 
 
+def decoding_settings(args):
+    """converge.evaluate's settings: on the CPU, no deadline."""
+    return Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
+
+
 def decoded(folder, model):
     parts = (("best/hyp.valid.fr", "average/hyp.valid.fr") if model in converge.VARIANTS else
              ("best/hyp.valid.fr", "average/hyp.test.fr"))
@@ -135,7 +140,7 @@ def decode(args, model):
     stage = os.path.join(args.out, "cpu")
     if decoded(os.path.join(stage, model), model):
         return
-    settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
+    settings = decoding_settings(args)
     converge.decode(settings, stage, args.work, model)
     if model in converge.LSTM_MODELS:
         converge.diagnose(settings, stage, args.work, model)
@@ -143,13 +148,12 @@ def decode(args, model):
 
 
 def decode_test_alone(args, model):
-    """Test from the best checkpoint, once every model has stopped: nothing else runs, so that the
-    models' ms / token compare."""
+    """Test from the best checkpoint, once every model has stopped, one model at a time: the driver
+    runs nothing beside it, so that the models' ms / token compare."""
     folder = os.path.join(args.out, "cpu", model, "best")
     if model in converge.VARIANTS or os.path.isfile(os.path.join(folder, "evaluate.test.json")):
         return
-    settings = Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
-    converge.evaluate(settings, os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test", folder)
+    converge.evaluate(decoding_settings(args), os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test", folder)
     converge.compress_outputs(folder)
 
 
