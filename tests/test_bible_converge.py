@@ -216,7 +216,7 @@ def test_cpu_training_stops_after_patience_epochs_however_often_it_is_resumed(tm
 
 def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, monkeypatch):
     """The driver's threads against stand-ins for fairseq-train and the decoders: lstm_att stops after
-    2 epochs, the others train until lstm_att has been decoded (or 10 s); the test split from the best
+    3 epochs, the others train until lstm_att has been decoded (or 10 s); the test split from the best
     checkpoints is decoded after every model has stopped, one at a time."""
     import threading
 
@@ -250,10 +250,10 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
     monkeypatch.setattr(converge_cpu, "write_results", lambda *args: None)
     assert converge_cpu.main(["--pair", "lstm", "--patience", "1", "--data", str(tmp_path / "data"),
                               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == 0
-    pair = converge_cpu.PAIRS["lstm"]
+    models = converge_cpu.PAIRS["lstm"]
     assert events[:2] == [("trained", first), ("decoded", first)]
     assert events.index(("decoded", other)) == events.index(("trained", other)) + 1
-    assert events[-len(pair):] == [("test", model) for model in pair]
+    assert events[-len(models):] == [("test", model) for model in models]
 
 
 @pytest.mark.slow

@@ -153,7 +153,8 @@ def decode_test_alone(args, model):
     folder = os.path.join(args.out, "cpu", model, "best")
     if model in converge.VARIANTS or os.path.isfile(os.path.join(folder, "evaluate.test.json")):
         return
-    converge.evaluate(decoding_settings(args), os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt"), "test", folder)
+    best = os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt")
+    converge.evaluate(decoding_settings(args), best, "test", folder)
     converge.compress_outputs(folder)
 
 
