@@ -69,12 +69,21 @@ def epochs_since_best(curve):
     return len(losses) - 1 - losses.index(min(losses))
 
 
+def stage_dir(args):
+    """Each model's log, hypotheses and diagnosis, in a folder of its own."""
+    return os.path.join(args.out, "cpu")
+
+
 def log_path(args, model):
-    return os.path.join(args.out, "cpu", model, "train.log")
+    return os.path.join(stage_dir(args), model, "train.log")
 
 
 def checkpoint_dir(args, model):
     return os.path.join(args.work, "checkpoints", model)
+
+
+def best_checkpoint(args, model):
+    return os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt")
 
 
 def orphaned_log(args, model):
@@ -137,7 +146,7 @@ def decode(args, model):
     """Valid from the best checkpoint and valid and test from the average of the last epochs' (a
     variant: valid only); a memory LSTM's memory read on valid and its attention drawn
     (converge.diagnose). Run as soon as the model has stopped, beside the others' training."""
-    stage = os.path.join(args.out, "cpu")
+    stage = stage_dir(args)
     if decoded(os.path.join(stage, model), model):
         return
     settings = decoding_settings(args)
@@ -150,11 +159,10 @@ def decode(args, model):
 def decode_test_alone(args, model):
     """Test from the best checkpoint, once every model has stopped, one model at a time: the driver
     runs nothing beside it, so that the models' ms / token compare."""
-    folder = os.path.join(args.out, "cpu", model, "best")
+    folder = os.path.join(stage_dir(args), model, "best")
     if model in converge.VARIANTS or os.path.isfile(os.path.join(folder, "evaluate.test.json")):
         return
-    best = os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt")
-    converge.evaluate(decoding_settings(args), best, "test", folder)
+    converge.evaluate(decoding_settings(args), best_checkpoint(args, model), "test", folder)
     converge.compress_outputs(folder)
 
 
@@ -169,7 +177,7 @@ def train_and_decode(args, model, lock, on_round):
 
 def conversion_settings(args):
     """recipes/convert/run.py's arguments for the converged transformer's best checkpoint."""
-    return Namespace(data=args.data, source=os.path.join(checkpoint_dir(args, "transformer"), "checkpoint_best.pt"),
+    return Namespace(data=args.data, source=best_checkpoint(args, "transformer"),
                      work=os.path.join(args.work, "convert"), out=os.path.join(args.out, "convert"),
                      fractions=args.convert_fractions, write_only_updates=0, seed=args.seed,
                      extra=[*CPU_SIZES["transformer"], *args.train_args], run=None)
@@ -227,7 +235,7 @@ def write_results(args, conversion_rows=()):
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
-    lines += converge.lstm_gap_section(os.path.join(args.out, "cpu"), runs, args.data, references["valid"])
+    lines += converge.lstm_gap_section(stage_dir(args), runs, args.data, references["valid"])
     lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
