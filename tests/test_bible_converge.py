@@ -223,7 +223,7 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
     from recipes.bible import converge_cpu
 
     (tmp_path / "data" / "data-bin").mkdir(parents=True)
-    first, other = "lstm_att", "lstm_memattn"
+    first = "lstm_att"
     decoded_first = threading.Event()
     events = []
 
@@ -252,7 +252,8 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
                               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == 0
     models = converge_cpu.PAIRS["lstm"]
     assert events[:2] == [("trained", first), ("decoded", first)]
-    assert events.index(("decoded", other)) == events.index(("trained", other)) + 1
+    for model in models:
+        assert events.index(("decoded", model)) > events.index(("trained", model))
     assert events[-len(models):] == [("test", model) for model in models]
 
 
