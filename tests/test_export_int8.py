@@ -20,7 +20,7 @@ ort = pytest.importorskip("onnxruntime", reason="the translator needs the option
 from fairseq_memattn.deploy import TextCodec, Translator  # noqa: E402
 from fairseq_memattn.export import export  # noqa: E402
 from fairseq_memattn.export.graph import FLOAT, Graph  # noqa: E402
-from test_export import short_source_rows, trained  # noqa: E402,F401  (the session's trained models)
+from test_export import SHORT_SOURCE_ROWS, short_source_rows, trained  # noqa: E402,F401  (the session's trained models)
 
 # Sources of one length (no padding in a batch) and of mixed lengths, as id lists ending in EOS.
 SAME_LENGTH = [[4 + (i * 7 + j * 3) % 10 for j in range(6)] + [2] for i in range(24)]
@@ -85,6 +85,25 @@ def test_int8_gives_a_sentence_the_same_hypotheses_alone_as_in_a_batch(int8_expo
             for a, b in zip(alone, together):
                 assert a["score"] == b["score"]
                 np.testing.assert_array_equal(a["positional_scores"], b["positional_scores"])
+
+
+@pytest.mark.slow
+def test_int8_decoder_reads_short_sources_at_one_width_in_any_batch(int8_export, monkeypatch):
+    """The short sources' memory (one symbol and EOS here) spans short_source_rows - 1 positions alone,
+    beside a longer short source and in the whole batch: the same products whatever the CPU's kernels."""
+    from fairseq_memattn.deploy import translator as translator_module
+
+    translator = Translator(int8_export("attention"), threads=1)
+    widths, real = [], translator_module.DecoderRun
+
+    def recorded(*args, short=None, **kwargs):
+        widths.append(short["alpha"].shape[2])  # rows x memories x S x K
+        return real(*args, short=short, **kwargs)
+
+    monkeypatch.setattr(translator_module, "DecoderRun", recorded)
+    for sources in ([MIXED[0]], [MIXED[0], MIXED[1]], MIXED):
+        translator.translate_ids(sources, **SEARCH)
+    assert widths == [SHORT_SOURCE_ROWS - 1] * 3
 
 
 def translate_cli(folder, lines, *options):
