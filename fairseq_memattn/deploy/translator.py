@@ -160,7 +160,8 @@ class Translator:
         order = np.argsort(~short, kind="stable")
         src_tokens, first_long = src_tokens[order], int(short.sum())
         max_lens = self.batch_max_lens(src_tokens, max_len_a, max_len_b, min_len)
-        # Columns of padding only go: a batch of short sources then holds no more memory rows than it needs.
+        # Columns of padding only go: a batch of short sources then holds no more memory rows than it needs
+        # (int8: short sources at one width whatever the batch, at_short_width).
         sets = [self.padded_as_exported(tokens[:, (tokens != self.config["source_pad"]).any(axis=0)])
                 for tokens in (src_tokens[:first_long], src_tokens[first_long:])]
         if self.config.get("quantize") == "int8" and self.config.get("short_source_rows"):
