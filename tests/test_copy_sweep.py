@@ -229,7 +229,9 @@ def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     runs = {s: tmp_path / "runs" / sweep.run_name(6, "K=1", s, 1) for s in SELECTED}
     first = runs[SELECTED[0]]
     process = start_sweep(tmp_path)
-    while not (first / "checkpoint_last.pt").exists():  # the first validation's checkpoint
+    # Killed once the first validation's checkpoint is saved: fairseq writes checkpoint_last.pt as a
+    # copy after the atomic checkpoint_E_U.pt, and logs "Saved checkpoint" when the copy is whole.
+    while "Saved checkpoint" not in ((first / "train.log").read_text() if (first / "train.log").exists() else ""):
         assert process.poll() is None, process.stdout.read()[-3000:]
         time.sleep(0.02)
     os.killpg(process.pid, signal.SIGTERM)
