@@ -39,6 +39,7 @@ class DecoderRun:
         self.ort_value = ort.OrtValue.ortvalue_from_numpy
         # One binding for the batch: the memory and the cache tables stay bound from step to step.
         self.binding = session.io_binding()
+        self.bound = {}  # the arrays bound to step inputs, by name
         names = config["memory_outputs"]
         inputs = {arg.name: arg.shape for arg in session.get_inputs()}
         # each set of sources' memory rows: the graph's inputs by name; an absent set is empty
@@ -97,7 +98,9 @@ class DecoderRun:
             cache.reorder(reorder)
             arrays["history"] = cache.history(step)
         for name, value in arrays.items():
-            binding.bind_cpu_input(name, value)
+            if self.bound.get(name) is not value:  # the same array as the last step's stays bound
+                binding.bind_cpu_input(name, value)
+                self.bound[name] = value
         self.bind(self.state)
         for name in self.outputs:
             if cache is None or name not in cache.tables:

@@ -18,7 +18,8 @@ class Candidates:
     """One step's 2 x beam candidates per source: scores, hypothesis rows, tokens, and which end in EOS."""
 
     def __init__(self, scores: np.ndarray, indices: np.ndarray, vocab: int, beam: int, eos: int):
-        self.scores, self.beams, self.tokens = scores, indices // vocab, indices % vocab
+        self.scores = scores
+        self.beams, self.tokens = np.divmod(indices, vocab)
         self.rows = self.beams + (np.arange(len(scores)) * beam)[:, None]
         self.eos = (self.tokens == eos) & (scores != NEG_INF)
 
@@ -54,6 +55,12 @@ class BeamSearch:
         self.remaining = sources
         # the row of the previous step each row continues; the first step runs one row per source
         self.reorder = np.arange(sources)
+        # export/search.py's "beam" and "candidates" at the first step and at every later one, the
+        # same arrays from step to step (the decoder binds an input again only when it changes)
+        self.size_inputs = [{"beam": np.array([rows], np.int64),
+                       # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
+                       "candidates": np.array([min(self.cand_size, rows * vocab - 1)], np.int64)}
+                      for rows in (1, beam)]
 
     def run(self, decoder) -> List[List[dict]]:
         """Each source's hypotheses, best first. ``decoder``: DecoderRun's ``step(tokens, step,
@@ -84,17 +91,15 @@ class BeamSearch:
             "edit_rows": np.where(at_max_len, 2, int(step < self.min_len)),
             "hypothesis_scores": (np.ascontiguousarray(self.scores[:, step - 1]) if step
                                   else np.zeros(len(self.sentence_ids), np.float32)),
-            "beam": np.array([rows_per_source], np.int64),
-            # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
-            "candidates": np.array([min(self.cand_size, rows_per_source * self.vocab - 1)], np.int64),
+            **self.size_inputs[step > 0],
         }
 
     def finalize_eos(self, step: int, candidates: Candidates) -> List[int]:
         """The hypotheses ending in EOS among each source's first ``beam`` candidates are finalized;
         returns the rows of the sentences now finished."""
         beam = self.beam
-        candidates.eos[:, :beam][self.cands_to_ignore] = False
         top_eos = candidates.eos[:, :beam]
+        top_eos &= ~self.cands_to_ignore  # in candidates.eos, as fairseq masks its eos_mask
         if not top_eos.any():
             return []
         done = self.finalize(step, candidates.rows[:, :beam][top_eos], candidates.scores[:, :beam][top_eos])
@@ -151,14 +156,17 @@ class BeamSearch:
         eos_mask[:, :beam] = ~(~self.cands_to_ignore & ~eos_mask[:, :beam])
         active_mask = eos_mask.astype(np.int64) * cand_size + np.arange(eos_mask.shape[1])
         active_hypos = np.argsort(active_mask, axis=1, kind="stable")[:, :beam]
-        self.cands_to_ignore = np.take_along_axis(active_mask, active_hypos, axis=1) >= cand_size
-        active_bbsz_idx = np.take_along_axis(candidates.rows, active_hypos, axis=1).reshape(-1)
+        # each chosen candidate's place in the sources x candidates arrays, read flat (cheaper
+        # than take_along_axis on a few rows)
+        chosen = (active_hypos + (np.arange(len(active_hypos)) * active_mask.shape[1])[:, None]).reshape(-1)
+        self.cands_to_ignore = active_mask.reshape(-1)[chosen].reshape(-1, beam) >= cand_size
+        active_bbsz_idx = candidates.rows.reshape(-1)[chosen]
         tokens, scores = self.tokens, self.scores
         tokens[:, : step + 1] = tokens[active_bbsz_idx, : step + 1]
-        tokens[:, step + 1] = np.take_along_axis(candidates.tokens, active_hypos, axis=1).reshape(-1)
+        tokens[:, step + 1] = candidates.tokens.reshape(-1)[chosen]
         if step > 0:
             scores[:, :step] = scores[active_bbsz_idx, :step]
-        scores[:, step] = np.take_along_axis(candidates.scores, active_hypos, axis=1).reshape(-1)
+        scores[:, step] = candidates.scores.reshape(-1)[chosen]
         if self.reads is not None:
             self.reads[:, :, : step + 2] = self.reads[active_bbsz_idx, :, : step + 2]
         self.reorder = active_bbsz_idx
