@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # LayerNormalization
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
-TINY = np.float32(1e-30)  # the least scale: an all-zero row or column quantizes to zeros, not NaN
+TINY = np.float32(1e-30)  # the least scale of a weight: an all-zero column quantizes to zeros, not NaN
 WEIGHT_LEVELS = 63  # int8 weights in 7 bits (Graph.product)
 
 
@@ -135,7 +135,9 @@ class Graph:
         column_max = np.maximum(np.abs(weight).max(axis=0), TINY)
         w_int8 = np.rint(weight * (WEIGHT_LEVELS / column_max)).astype(np.int8)
         if x not in self.int8_rows:
-            row_max = self.op("Max", self.op("ReduceMax", self.op("Abs", x), axes=[-1], keepdims=1), self.const(TINY))
+            # An all-zero row (padding) has row max 0: its uint8 values, 0 / 0, are undefined, but its
+            # product is scaled by that 0 and is 0, as it should be.
+            row_max = self.op("ReduceMax", self.op("Abs", x), axes=[-1], keepdims=1)
             # uint8 around 128 for the u8 x s8 kernels: round(127 x / row max) + 128
             self.int8_rows[x] = (self.op("QuantizeLinear", self.op("Div", x, row_max), self.const(1 / 127),
                                          self.const(128, np.uint8)), row_max)
