@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import queue
+import shlex
 import shutil
 import signal
 import subprocess
@@ -124,6 +125,29 @@ def test_cli_streams_skips_bad_lines_and_translates_each_line_alone(trained):
         got = h_lines(stdout, index)
         assert [pieces for pieces, _ in got] == [pieces for pieces, _ in expected], (index, stdout)
         assert [score for _, score in got] == pytest.approx([s / 0.6931471805599453 for _, s in expected], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_plain_output_has_a_line_for_every_input_line(trained):
+    """--plain prints no ids: a skipped line leaves an empty line, so that output line n is input line n's."""
+    _, folder = trained("attention")
+    for buffer_size in ("1", "3"):
+        result = run_cli(folder, "--plain", "--max-tokens", "4", "--buffer-size", buffer_size,
+                         stdin="3 1\n1 2 3 4 5\n3 1\n")
+        assert result.returncode == 1 and f"{PROG}: line 2: 6 tokens" in result.stderr, result.stderr
+        first, skipped, third = result.stdout.split("\n")[:3]
+        assert (skipped, len(result.stdout.splitlines())) == ("", 3) and first == third != ""
+
+
+@pytest.mark.slow
+def test_cli_reads_a_pipe_and_reports_a_full_disk_on_one_line(trained):
+    _, folder = trained("attention")
+    piped = run_cli(folder, "--input", "/dev/stdin", stdin="3 1\n")
+    assert piped.returncode == 0 and piped.stdout.startswith("S-0\t3 1\n"), piped.stderr
+    result = subprocess.run(f"{' '.join(map(shlex.quote, translate_command(folder)))} > /dev/full", shell=True,
+                            input="3 1\n", env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        f"{PROG}: error: [Errno 28] No space left on device"], result.stderr
 
 
 class Meeting(Translator):
@@ -377,6 +401,9 @@ def test_a_bom_and_cr_or_crlf_line_ends_are_read_as_lines(trained):
 @pytest.mark.parametrize("tool, args, message", [
     ("translate", ["--lenpen", "nan"], "invalid --lenpen: nan (must be a finite number)"),
     ("translate", ["--unkpen", "inf"], "invalid --unkpen: inf (must be a finite number)"),
+    ("translate", ["--lenpen", "300"], "invalid --lenpen: 300.0 (must be between -10 and 10)"),
+    ("translate", ["--unkpen=-1e308"], "invalid --unkpen: -1e+308 (must be between -10000 and 10000)"),
+    ("translate", ["--threads", "9" * 400], f"invalid --threads: {'9' * 400} (must be between 1 and "),
     ("translate", ["--max-len-a", "-0.5"], "invalid --max-len-a: -0.5 (must be >= 0)"),
     ("translate", ["--max-len-a", "inf"], "invalid --max-len-a: inf (must be a finite number)"),
     ("translate", ["--max-len-b", "-1"], "invalid --max-len-b: -1 (must be >= 0)"),

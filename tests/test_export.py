@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -336,6 +337,15 @@ def test_translator_reports_bad_folder_and_options(trained, tmp_path):
     with pytest.raises(SourceError, match=r"source 1: invalid --min-len: 5 \(the maximum length for this source "
                                           r"is 4: raise --max-len-a/--max-len-b\)"):
         translator.translate_ids([[4, 4, 4, 4, 2], [4, 2]], min_len=5, max_len_a=0.5, max_len_b=3)
+    positions = translator.config["max_target_positions"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a huge a or b is capped before any int64 cast overflows
+        assert translator.max_len(2, 1e300, 2 ** 70) == positions - 1
+    with pytest.raises(SourceError, match=rf"invalid --min-len: {positions} \(the maximum length for this source is "
+                                          rf"{positions - 1}, the most the model's {positions} target positions allow\)"):
+        translator.translate_ids([[4, 2]], min_len=positions, max_len_a=1e300, max_len_b=2 ** 70)
+    with pytest.raises(ValueError, match="not an exported model folder \\(a file, not a folder\\)"):
+        Translator(str(folder / "config.json"))
     with pytest.raises(SourceTooLong, match=r"source 0: 3 tokens \(EOS included\), more than --max-tokens 2"):
         translator.translate_ids([[4, 5, 2]], max_tokens=2)
     with pytest.raises(SourceTooLong, match="more than the model's maximum of 1024"):

@@ -37,7 +37,7 @@ def check_range(p: argparse.ArgumentParser, args: argparse.Namespace, name: str,
     if value is None:
         return
     flag = "--" + name.replace("_", "-")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # an int of any size is finite
         p.error(f"invalid {flag}: {value} (must be a finite number)")
     if (low is not None and value < low) or (high is not None and value > high):
         allowed = f"between {low} and {high}" if low is not None and high is not None else \
@@ -55,8 +55,10 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_range(p, args, "threads", 1, 4 * (os.cpu_count() or 1))  # more only oversubscribes the cores
     for name in ("min_len", "max_len_a", "max_len_b"):
         check_range(p, args, name, 0)
-    for name in ("lenpen", "unkpen"):
-        check_range(p, args, name)
+    # length^lenpen stays within float32 for any output length, and unkpen within what
+    # log-probabilities add up to
+    check_range(p, args, "lenpen", -10, 10)
+    check_range(p, args, "unkpen", -10000, 10000)
     if args.threads is None and args.workers > 1:  # one batch per core group, not W batches on every core
         args.threads = max(1, (os.cpu_count() or 1) // args.workers)
     if args.sentencepiece_model and args.bpe != "sentencepiece":

@@ -21,7 +21,8 @@ Reads --buffer-size lines at a time, translates them and prints their S-/H-/D-/P
 --print-alignment) in input order, ids counting input lines from 0. Lines end in \\n, \\r\\n or \\r;
 a UTF-8 byte order mark at the start is dropped. Each line is translated as if alone: its maximum
 length counts its own tokens. A line the model cannot translate is reported on standard error with
-its line number and skipped; the exit status is then 1. sentencepiece is applied when FOLDER has
+its line number and skipped (with --plain an empty line stands in its place, so that output lines
+match input lines); the exit status is then 1. sentencepiece is applied when FOLDER has
 spm.model or with --bpe sentencepiece --sentencepiece-model PATH. With --workers W, W of a buffer's
 batches decode at once (a buffer of fewer batches is cut so that each worker has one). Ctrl-C exits
 with status 130, a closed standard output (| head) with 141, both without a traceback.
@@ -44,8 +45,10 @@ def parse_args(argv=None):
     check_positive(p, args, "nbest", "batch_size", "buffer_size")
     if args.nbest > args.beam:
         p.error(f"invalid --nbest: {args.nbest} (must be <= --beam {args.beam})")
-    if args.input != "-" and not os.path.isfile(args.input):
-        p.error(f"--input: no such file: {args.input}")
+    if args.input != "-" and (not os.path.exists(args.input) or os.path.isdir(args.input)):  # a pipe will do
+        p.error(f"--input: {'a folder' if os.path.isdir(args.input) else 'no such file'}: {args.input}")
+    if (args.input == "-" and sys.stdin is None) or sys.stdout is None:
+        p.error(f"standard {'output' if sys.stdout is None else 'input'} is closed")
     return p, args
 
 
@@ -115,8 +118,12 @@ def translate_buffer(buffer, translator, codec, args, options) -> int:
     results = translator.translate_ids([ids for _, ids in sources.values()], max_tokens=args.max_tokens,
                                        batch_size=args.batch_size, workers=args.workers, beam=args.beam,
                                        alignment=args.print_alignment, **options)
-    for (number, (shown, _)), hypotheses in zip(sources.items(), results):
-        print_hypotheses(number - 1, shown, hypotheses, codec, args)
+    translated = {number: (shown, hypotheses) for (number, (shown, _)), hypotheses in zip(sources.items(), results)}
+    for number, _ in buffer:
+        if number in translated:
+            print_hypotheses(number - 1, *translated[number], codec, args)
+        elif args.plain:  # no line ids to tell which line is missing
+            print()
     sys.stdout.flush()
     return skipped
 
@@ -143,9 +150,12 @@ def main(argv=None) -> int:
         status = 130
     except BrokenPipeError:
         status = 141
+    except OSError as error:  # a full disk, an unreadable --input
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        status = 1
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError:
         pass
     # the reader may be gone: Python's own flush at exit must not print a BrokenPipeError
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

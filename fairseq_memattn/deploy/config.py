@@ -24,7 +24,8 @@ def read_config(folder: str) -> dict:
     """config.json of an exported model, checked for its format version, the keys the translator
     reads and their types."""
     if not os.path.isdir(folder):
-        raise ModelFolderError(f"not an exported model folder (no such folder): {folder}")
+        reason = "a file, not a folder" if os.path.exists(folder) else "no such folder"
+        raise ModelFolderError(f"not an exported model folder ({reason}): {folder}")
     path = config_path(folder)
     if not os.path.isfile(path):
         raise ModelFolderError(f"not an exported model folder (no config.json): {folder}")

@@ -52,11 +52,17 @@ class RequestError(ValueError):
         return web.json_response({"error": str(self)}, status=self.status, headers=self.headers)
 
 
+def shown(value) -> str:
+    """A request's value in an error message: its JSON, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def field(body: dict, name: str, kind, default, low: int = None, high: int = None):
     """body[name], checked for its JSON type and range."""
     value = body.get(name, default)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RequestError(400, f"{name}: expected {'a boolean' if kind is bool else 'an integer'}, got {value!r}")
+        raise RequestError(400, f"{name}: expected {'a boolean' if kind is bool else 'an integer'}, got {shown(value)}")
     if low is not None and not low <= value <= high:
         raise RequestError(400, f"{name}: {value} is outside {low}..{high}")
     return value
@@ -96,8 +102,11 @@ class Server:
         if unknown:
             raise RequestError(400, f"unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(REQUEST_FIELDS))})")
         text = body.get("text")
-        if not isinstance(text, list) or not all(isinstance(line, str) for line in text):
-            raise RequestError(400, "text: expected a list of strings")
+        if not isinstance(text, list):
+            raise RequestError(400, f"text: expected a list of strings, got {shown(text)}")
+        for i, line in enumerate(text):
+            if not isinstance(line, str):
+                raise RequestError(400, f"text[{i}]: expected a string, got {shown(line)}")
         if len(text) > self.max_sentences:
             raise RequestError(413, f"text: {len(text)} sentences, more than the server's {self.max_sentences} "
                                     f"per request")

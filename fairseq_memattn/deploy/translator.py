@@ -66,6 +66,8 @@ class Translator:
         self.decoder = load_session(ort, os.path.join(folder, "decoder.onnx"), options, providers)
         check_graphs(self.encoder, self.decoder, c, folder, len(self.src_dict), len(self.tgt_dict))
         spm = os.path.join(folder, "spm.model")
+        if os.path.exists(spm) and not os.path.isfile(spm):
+            raise ModelFolderError(f"{spm}: not a file (the folder's sentencepiece model, where it has one)")
         self.sentencepiece_model = spm if os.path.isfile(spm) else None
         self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
 
@@ -74,8 +76,10 @@ class Translator:
     def max_len(self, source_len, max_len_a: float, max_len_b: int):
         """fairseq's max_len_a * |x| + max_len_b (|x| counts EOS), within the decoder's positions;
         |x| is the source's own length, as SequenceGenerator has it for a batch of one."""
-        limit = (max_len_a * np.asarray(source_len) + max_len_b).astype(np.int64)
-        return np.minimum(limit, self.config["max_target_positions"] - 1)
+        most = self.config["max_target_positions"] - 1
+        # in float64 and capped before the cast: a huge a or b is the model's maximum, not an int64 overflow
+        limit = max_len_a * np.asarray(source_len, np.float64) + min(max_len_b, most)
+        return np.minimum(limit, most).astype(np.int64)
 
     def check_source(self, source: List[int], max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                      max_tokens: Optional[int] = None) -> None:
@@ -88,8 +92,8 @@ class Translator:
             raise SourceTooLong(f"{len(source)} tokens (EOS included), more than --max-tokens {max_tokens}")
         max_len = int(self.max_len(len(source), max_len_a, max_len_b))
         if min_len > max_len:
-            raise SourceError(f"invalid --min-len: {min_len} (the maximum length for this source is {max_len}: "
-                              f"raise --max-len-a/--max-len-b)")
+            raise SourceError(f"invalid --min-len: {min_len} (the maximum length for this source is "
+                              f"{self.max_len_reason(max_len)})")
 
     def batch_max_lens(self, src_tokens: np.ndarray, max_len_a: float, max_len_b: int, min_len: int) -> np.ndarray:
         """Each source's maximum output length; SourceError where it is below ``min_len``."""
@@ -97,8 +101,14 @@ class Translator:
         if min_len > max_lens.min():
             row = int(max_lens.argmin())
             raise SourceError(f"invalid --min-len: {min_len} (the maximum length for source {row} is "
-                              f"{max_lens[row]}: raise --max-len-a/--max-len-b)")
+                              f"{self.max_len_reason(int(max_lens[row]))})")
         return max_lens
+
+    def max_len_reason(self, max_len: int) -> str:
+        """A maximum length, and what sets it: --max-len-a/b, or the model's positions."""
+        if max_len == self.config["max_target_positions"] - 1:
+            return f"{max_len}, the most the model's {self.config['max_target_positions']} target positions allow"
+        return f"{max_len}: raise --max-len-a/--max-len-b"
 
     # --- the encoder, and the search over the decoder -----------------------------------
 
