@@ -332,6 +332,9 @@ def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
         "eos-outside": (edit_config(eos=14), "config.json: eos is 14, outside dict.target.txt's 14 symbols (0..13)"),
         "unk-not-special": (edit_config(unk=5), "config.json: unk is 5, expected one of the first 4 target symbols"),
         "pad-type": (edit_config(source_pad="1"), "config.json: source_pad is '1', expected an integer >= 0"),
+        "alignment-memory": (edit_config(alignment_memory=5), "config.json: alignment_memory is 5, but "),
+        "cache-heads": (edit_config(self_attention_cache=[{"heads": 3, "head_dim": 5}] * 2),
+                        "config.json: self_attention_cache[0] is {'heads': 3, 'head_dim': 5}, but "),
     }
     for name, (change, message) in cases.items():
         broken = break_folder(folder, tmp_path / name, change)

@@ -97,9 +97,9 @@ def check_args(path: str, kind: str, found: Dict[str, int], expected: Dict[str, 
                                f"{kind}s: {', '.join(expected)})")
 
 
-def static_width(args, name: str) -> Optional[int]:
-    """The last dimension of ``name`` where the graph fixes it."""
-    width = next(arg.shape[-1] for arg in args if arg.name == name)
+def static_width(args, name: str, axis: int = -1) -> Optional[int]:
+    """Dimension ``axis`` (the last) of ``name`` where the graph fixes it."""
+    width = next(arg.shape[axis] for arg in args if arg.name == name)
     return width if isinstance(width, int) else None
 
 
@@ -124,6 +124,17 @@ def check_graphs(encoder, decoder, config: dict, folder: str, source_symbols: in
     if k is not None and k != config["memory_k"]:
         raise ModelFolderError(f"{decoder_path}: reads {k} memory rows, config.json's memory_k is "
                                f"{config['memory_k']}")
+    memories = static_width(encoder.get_outputs(), "alpha", 1)
+    if memories is not None and config["alignment_memory"] >= memories:
+        raise ModelFolderError(f"{os.path.join(folder, 'config.json')}: alignment_memory is "
+                               f"{config['alignment_memory']}, but {encoder_path} writes {memories} memories "
+                               f"(0..{memories - 1})")
+    for index, layer in enumerate(config.get("self_attention_cache") or []):
+        shape = (static_width(decoder.get_outputs(), f"new_key_{index}", 1),
+                 static_width(decoder.get_outputs(), f"new_key_{index}"))
+        if shape != (layer["heads"], layer["head_dim"]):
+            raise ModelFolderError(f"{os.path.join(folder, 'config.json')}: self_attention_cache[{index}] is "
+                                   f"{layer}, but {decoder_path} writes keys of {shape[0]} heads x {shape[1]}")
     check_source_vocabulary(encoder, config, os.path.join(folder, "dict.source.txt"), source_symbols)
 
 
