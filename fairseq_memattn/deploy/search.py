@@ -58,9 +58,9 @@ class BeamSearch:
         # export/search.py's "beam" and "candidates" at the first step and at every later one, the
         # same arrays from step to step (the decoder binds an input again only when it changes)
         self.size_inputs = [{"beam": np.array([rows], np.int64),
-                       # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
-                       "candidates": np.array([min(self.cand_size, rows * vocab - 1)], np.int64)}
-                      for rows in (1, beam)]
+                             # BeamSearch.step's best 2 x beam (at step 0, of the first hypothesis's tokens)
+                             "candidates": np.array([min(self.cand_size, rows * vocab - 1)], np.int64)}
+                            for rows in (1, beam)]
 
     def run(self, decoder) -> List[List[dict]]:
         """Each source's hypotheses, best first. ``decoder``: DecoderRun's ``step(tokens, step,
