@@ -314,6 +314,17 @@ def append(name, text):
     return change
 
 
+def drop_last_symbols(folder):
+    lines = (folder / "dict.source.txt").read_text().splitlines(keepends=True)
+    (folder / "dict.source.txt").write_text("".join(lines[:-2]))
+
+
+def older_export_with_more_source_symbols(folder):
+    """An export without config.json's source_symbols: the encoder's embedding is the check."""
+    append("dict.source.txt", "extra 1\nmore 1\n")(folder)
+    edit_config(source_symbols=None)(folder)
+
+
 @pytest.mark.slow
 def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
     """Checked whole when the Translator loads: the CLI and the server end on one line, status 2,
@@ -322,9 +333,14 @@ def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
     cases = {
         "target-dictionary": (append("dict.target.txt", "extra 1\n"),
                               "dict.target.txt: 15 symbols (the four special ones included), but"),
-        "source-dictionary": (append("dict.source.txt", "extra 1\nmore 1\n"),
-                              "dict.source.txt: 16 symbols (the four special ones included), more than the "
-                              "encoder's embedding has"),
+        "source-dictionary": (append("dict.source.txt", "extra 1\n"),
+                              "dict.source.txt: 15 symbols (the four special ones included), but the model was "
+                              "exported with 14"),
+        "short-source-dictionary": (drop_last_symbols, "dict.source.txt: 12 symbols (the four special ones "
+                                                       "included), but the model was exported with 14"),
+        "source-dictionary-older-export": (older_export_with_more_source_symbols,
+                                           "dict.source.txt: 16 symbols (the four special ones included), more "
+                                           "than the encoder's embedding has"),
         "garbage-dictionary": (lambda f: (f / "dict.source.txt").write_text("hello\nworld\n"),
                                "dict.source.txt: line 1: expected '<symbol> <count>'"),
         "duplicate-symbol": (append("dict.target.txt", "3 1\n"), "dict.target.txt: line 11: duplicate symbol '3'"),

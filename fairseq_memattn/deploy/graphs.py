@@ -139,8 +139,14 @@ def check_graphs(encoder, decoder, config: dict, folder: str, source_symbols: in
 
 
 def check_source_vocabulary(encoder, config: dict, path: str, symbols: int) -> None:
-    """The encoder's embedding has a row for the source dictionary's last symbol: the graph does
-    not show its width, so one two-token source is encoded (ONNX Runtime refuses an id beyond it)."""
+    """The source dictionary has the symbols the model was exported with (config.json's
+    source_symbols, in exports that have it), and the encoder's embedding a row for its last symbol:
+    the graph does not show its width, so one two-token source is encoded (ONNX Runtime refuses an
+    id beyond it)."""
+    exported = config.get("source_symbols")
+    if exported is not None and exported != symbols:
+        raise ModelFolderError(f"{path}: {symbols} symbols (the four special ones included), but the model was "
+                               f"exported with {exported}: not this model's dictionary")
     ort = require_onnxruntime()
     quiet = ort.RunOptions()
     quiet.log_severity_level = 4  # the refusal is reported below, not logged by ONNX Runtime too

@@ -106,7 +106,7 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     config.update({
         "format_version": FORMAT_VERSION, "quantize": quantize,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
-        "source_pad": src_dict.pad(), "source_eos": src_dict.eos(),
+        "source_pad": src_dict.pad(), "source_eos": src_dict.eos(), "source_symbols": len(src_dict),
         "max_source_positions": int(model.max_positions()[0]),
         "max_target_positions": int(model.max_decoder_positions()),
     })
