@@ -442,6 +442,8 @@ def test_a_bom_and_cr_or_crlf_line_ends_are_read_as_lines(trained):
     ("serve", ["--idle-timeout-s", "inf"], "invalid --idle-timeout-s: inf (must be a finite number)"),
     ("serve", ["--port", "65536"], "invalid --port: 65536 (must be between 0 and 65535)"),
     ("serve", ["--queue-size", "0"], "invalid --queue-size: 0 (must be >= 1)"),
+    ("serve", ["--batch-window-ms", "5000", "--timeout-s", "5"],
+     "invalid --batch-window-ms: 5000 (must be below --timeout-s 5 in milliseconds)"),
 ])
 def test_options_are_range_checked_at_parse_time(tool, args, message, capsys):
     """The translator's and the server's options (the shared ones in both): one argparse line, status 2."""

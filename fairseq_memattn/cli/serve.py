@@ -52,6 +52,9 @@ def parse_args(argv=None):
         check_range(p, args, name, 0.001)
     if args.beam > args.max_beam:
         p.error(f"invalid --beam: {args.beam} (must be <= --max-beam {args.max_beam})")
+    if args.batch_window_ms >= 1000 * args.timeout_s:  # every request would wait out its deadline
+        p.error(f"invalid --batch-window-ms: {args.batch_window_ms:g} (must be below --timeout-s {args.timeout_s:g} "
+                f"in milliseconds)")
     return p, args
 
 
