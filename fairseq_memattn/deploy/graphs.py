@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .config import short_memory_name
+from .config import config_path, short_memory_name
 from .exceptions import ModelFolderError
 
 # the decoder step's inputs from export/search.py and the step itself, with their ranks
@@ -126,14 +126,14 @@ def check_graphs(encoder, decoder, config: dict, folder: str, source_symbols: in
                                f"{config['memory_k']}")
     memories = static_width(encoder.get_outputs(), "alpha", 1)
     if memories is not None and config["alignment_memory"] >= memories:
-        raise ModelFolderError(f"{os.path.join(folder, 'config.json')}: alignment_memory is "
+        raise ModelFolderError(f"{config_path(folder)}: alignment_memory is "
                                f"{config['alignment_memory']}, but {encoder_path} writes {memories} memories "
                                f"(0..{memories - 1})")
     for index, layer in enumerate(config.get("self_attention_cache") or []):
         shape = (static_width(decoder.get_outputs(), f"new_key_{index}", 1),
                  static_width(decoder.get_outputs(), f"new_key_{index}"))
         if shape != (layer["heads"], layer["head_dim"]):
-            raise ModelFolderError(f"{os.path.join(folder, 'config.json')}: self_attention_cache[{index}] is "
+            raise ModelFolderError(f"{config_path(folder)}: self_attention_cache[{index}] is "
                                    f"{layer}, but {decoder_path} writes keys of {shape[0]} heads x {shape[1]}")
     check_source_vocabulary(encoder, config, os.path.join(folder, "dict.source.txt"), source_symbols)
 
