@@ -16,6 +16,8 @@ This module imports neither torch nor fairseq, so the runtime without them can r
 """
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import sys
 from typing import Optional
@@ -29,6 +31,15 @@ class UserError(ValueError):
     """An error the user can fix: its message names the bad value and every fix, in one
     paragraph, whichever command or program hit it. A ValueError, so that callers that
     catch ValueError keep working. Command lines print it as one argparse-style line."""
+
+
+def import_installed(module: str, missing: str, error=ImportError):
+    """``module``, imported; where it is not installed, ``error(missing)`` (the advice to install
+    it). An installed module that fails to import (a missing shared library, an import cut by
+    Ctrl-C) raises its own error, which that advice would hide."""
+    if importlib.util.find_spec(module) is None:
+        raise error(missing)
+    return importlib.import_module(module)
 
 
 def program_name() -> str:

@@ -15,7 +15,7 @@ the detokenized text the reference file holds.
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from .errors import UserError
+from .errors import UserError, import_installed
 
 NO_REFERENCES = ("no T- (reference) lines: fairseq-generate prints them; for the output of "
                  "fairseq-memattn-translate or fairseq-interactive give the references with "
@@ -53,10 +53,8 @@ def read_generate_output(lines, references: Optional[List[str]] = None) -> Tuple
 
 
 def score(hypotheses: List[str], references: List[str]) -> Dict[str, float]:
-    try:
-        import sacrebleu
-    except ImportError:
-        raise UserError("BLEU needs sacrebleu, which is not installed: pip install 'sacrebleu>=2.0'") from None
+    sacrebleu = import_installed("sacrebleu", "BLEU needs sacrebleu, which is not installed: pip install "
+                                              "'sacrebleu>=2.0'", UserError)
     bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none")
     exact = sum(h.split() == r.split() for h, r in zip(hypotheses, references))
     return {

@@ -77,6 +77,27 @@ print("ok")
     assert result.stderr == ""  # no fairseq log lines
 
 
+def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error(tmp_path, monkeypatch):
+    from fairseq_memattn.deploy.graphs import require_onnxruntime
+    from fairseq_memattn.deploy.text import SentencePiece
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what an import finds where it is not installed
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    with pytest.raises(ImportError, match=r'needs onnxruntime: pip install "fairseq_memattn\[deploy\]"'):
+        require_onnxruntime()
+    with pytest.raises(ImportError, match="needs the sentencepiece package: pip install sentencepiece"):
+        SentencePiece(str(tmp_path / "spm.model"))
+    # installed, but its import fails: the command line says why, not "pip install" again
+    fake = tmp_path / "site" / "onnxruntime"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("libonnxruntime.so.1: cannot open shared object file")\n')
+    result = subprocess.run(translate_command(tmp_path), env=clean_env(PYTHONPATH=f"{tmp_path / 'site'}:{REPO}"),
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1] == f"{PROG}: error: libonnxruntime.so.1: cannot open shared object file", \
+        result.stderr[-2000:]
+
+
 def alone(translator, line, **options):
     """The CLI's H- lines for ``line`` translated by itself: (pieces, base-2 score) pairs."""
     codec = TextCodec(translator.src_dict, translator.tgt_dict)

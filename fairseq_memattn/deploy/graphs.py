@@ -9,6 +9,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..errors import import_installed
 from .config import config_path, short_memory_name
 from .exceptions import ModelFolderError
 
@@ -19,11 +20,7 @@ STEP_OUTPUTS = {"candidate_scores": 2, "candidate_indices": 2, "read_weights": 2
 
 
 def require_onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ImportError('the translator needs onnxruntime: pip install "fairseq_memattn[deploy]"') from None
-    return onnxruntime
+    return import_installed("onnxruntime", 'the translator needs onnxruntime: pip install "fairseq_memattn[deploy]"')
 
 
 def default_session_options(threads: Optional[int] = None):

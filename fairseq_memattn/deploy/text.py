@@ -4,6 +4,7 @@
 import os
 from typing import List, Optional, Tuple
 
+from ..errors import import_installed
 from .dictionary import Dictionary
 from .exceptions import SourceError
 
@@ -12,11 +13,8 @@ class SentencePiece:
     """fairseq's --bpe sentencepiece: pieces joined by spaces in, and back out."""
 
     def __init__(self, path: str):
-        try:
-            import sentencepiece
-        except ImportError:
-            raise ImportError("--bpe sentencepiece needs the sentencepiece package: pip install sentencepiece") \
-                from None
+        sentencepiece = import_installed("sentencepiece", "--bpe sentencepiece needs the sentencepiece package: "
+                                                          "pip install sentencepiece")
         if not os.path.isfile(path):
             raise ValueError(f"{path}: no such sentencepiece model")
         try:

@@ -55,11 +55,11 @@ class Translator:
     def __init__(self, folder: str, threads: Optional[int] = None, providers=None, session_options=None):
         """``session_options``: ONNX Runtime's SessionOptions for both graphs (profiling, say),
         instead of the default: ``threads`` intra-op threads and every graph optimization."""
+        self.ort = ort = require_onnxruntime()
         self.config = c = read_config(folder)
         self.src_dict = Dictionary(os.path.join(folder, "dict.source.txt"))
         self.tgt_dict = Dictionary(os.path.join(folder, "dict.target.txt"))
         check_symbols(c, config_path(folder), len(self.src_dict), len(self.tgt_dict))
-        self.ort = ort = require_onnxruntime()
         options = session_options if session_options is not None else default_session_options(threads)
         providers = providers or ["CPUExecutionProvider"]
         self.encoder = load_session(ort, os.path.join(folder, "encoder.onnx"), options, providers)

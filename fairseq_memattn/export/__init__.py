@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 
-from ..errors import UserError
+from ..errors import UserError, import_installed
 
 FORMAT_VERSION = 4
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
@@ -70,11 +70,8 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's).
     ``short_source_rows`` (transformer_memattn): sources shorter than this keep |S| memory rows
     (export/transformer.py's ``build``; None: its default, 0: never)."""
-    try:
-        import onnx
-    except ImportError:
-        raise ExportError('the export needs onnx, which is not installed: pip install onnx '
-                          '(or "fairseq_memattn[deploy]")') from None
+    onnx = import_installed("onnx", 'the export needs onnx, which is not installed: pip install onnx '
+                                    '(or "fairseq_memattn[deploy]")', ExportError)
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     check_out(out, force)
