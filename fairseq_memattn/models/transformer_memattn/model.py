@@ -1,5 +1,6 @@
 """The ``memattn_transformer`` model, its checks and its architectures."""
 
+import argparse
 import contextlib
 import logging
 import re
@@ -13,7 +14,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer import transformer_iwslt_de_en
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ...checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
 from ...errors import UserError
@@ -59,15 +60,11 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        base_architecture(args)
-        check_memory_options(args)
-        # fairseq's build_model fills these defaults in too, but only after S of
-        # Eq. 10 must be read from the training pairs they keep.
-        for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
-                              ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
-            if getattr(args, name, None) is None:
-                setattr(args, name, default)
-        fill_position_max_len(args, task)
+        with open_dict(args) if isinstance(args, DictConfig) else contextlib.nullcontext():
+            fill_options(args, task)  # into fairseq-hydra-train's config too: its checkpoints keep them
+        if isinstance(args, DictConfig):
+            # fairseq's Transformer keeps the options it has no field for (ours) only from a Namespace
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         model = super().build_model(args, task)
         if getattr(args, "memory_train_write_only", False):
             for name, parameter in model.named_parameters():
@@ -103,6 +100,19 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return MemAttnTransformerDecoder(TransformerConfig.from_namespace(cfg), tgt_dict, embed_tokens)
+
+
+def fill_options(args, task):
+    """The architecture's defaults, checked, and the positions and S of Eq. 10 filled in: fairseq's
+    build_model fills its position defaults too, but only after S must be read from the training
+    pairs they keep."""
+    base_architecture(args)
+    check_memory_options(args)
+    for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
+                          ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    fill_position_max_len(args, task)
 
 
 def drop_gradient(parameter):
