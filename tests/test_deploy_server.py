@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -228,13 +229,18 @@ def test_a_failed_decoding_gets_500_and_the_server_goes_on(server, trained, capl
 
 
 @pytest.mark.slow
-def test_client_errors_are_4xx_with_a_json_body(server):
+def test_client_errors_are_4xx_with_a_json_body(server, caplog):
     url, _, _ = server()
     body = json.dumps({"text": ["3 1"]}).encode()
     status, _, answer = call(url, data=b"[" * 100_000 + b"]" * 100_000)  # json's RecursionError
     assert status == 400 and answer["error"] == "the body is not JSON (nested too deeply)", answer
-    status, _, answer = call(url, data=b"not gzip", headers={"Content-Encoding": "gzip"})
-    assert status == 400 and answer["error"].startswith("the body cannot be read"), answer
+    with caplog.at_level(logging.WARNING, logger="aiohttp.server"):
+        status, _, answer = call(url, data=b"not gzip", headers={"Content-Encoding": "gzip"})
+        assert status == 400 and answer["error"] == "the body cannot be read (Can not decode content-encoding: gzip)"
+        time.sleep(0.5)  # aiohttp logs after the answer, as it drains the body
+    assert [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"] == [
+        "Unhandled exception: the client's request: Can not decode content-encoding: gzip"]
+    assert "Traceback" not in caplog.text
     assert call(url, data=gzip.compress(body), headers={"Content-Encoding": "gzip"})[0] == 200
     status, _, answer = call(url, "/nothing", method="GET")
     assert status == 404 and answer["error"].startswith("no such path: /nothing"), answer
@@ -242,6 +248,33 @@ def test_client_errors_are_4xx_with_a_json_body(server):
     assert status == 405 and answer["error"] == "method GET is not allowed for /translate (allowed: POST)", answer
     assert headers["Allow"] == "POST"
     assert post(url, {"text": ["3 1"]})[0] == 200
+
+
+def test_aiohttp_logs_a_request_it_cannot_read_in_one_line():
+    from aiohttp.http_exceptions import ContentEncodingError
+
+    from fairseq_memattn.deploy.serve import ClientErrorsInOneLine
+
+    def logged(error):
+        try:
+            raise error
+        except Exception:
+            record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+                                       ("127.0.0.1",), sys.exc_info())
+        assert ClientErrorsInOneLine().filter(record)
+        return record
+
+    try:  # as aiohttp raises it: the payload's error, caused by the decoder's
+        raise ContentEncodingError("Can not decode content-encoding: brotli (br)")
+    except ContentEncodingError as cause:
+        wrapped = RuntimeError("payload")
+        wrapped.__cause__ = cause
+    record = logged(wrapped)
+    assert (record.levelname, record.exc_info, record.getMessage()) == (
+        "WARNING", None, "Error handling request from 127.0.0.1: the client's request: Can not decode "
+                         "content-encoding: brotli (br)")
+    record = logged(ValueError("the server's own"))  # not the client's: as aiohttp logs it
+    assert record.levelname == "ERROR" and record.exc_info[0] is ValueError
 
 
 @pytest.mark.slow

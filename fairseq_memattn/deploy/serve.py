@@ -8,6 +8,7 @@ import logging
 import threading
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .batcher import Batcher, Busy
 from .batching import MAX_TOKENS
@@ -30,7 +31,9 @@ Every error has a JSON body {"error": "..."}: a malformed request 400, a source 
 model or --max-tokens 413, an unknown path 404, another method 405, a request not answered within
 --timeout-s 504 (its work dropped if not started), a batch whose decoding fails 500 (the error
 logged with its traceback; the server goes on). A client that disconnects has its queued work
-dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed.
+dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed. A request
+aiohttp cannot parse (a malformed request line or header, an unsupported Content-Encoding) gets
+aiohttp's own 400 in plain text, logged as one warning line.
 """
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
@@ -68,6 +71,15 @@ def field(body: dict, name: str, kind, default, low: int = None, high: int = Non
     return value
 
 
+def protocol_error(error: BaseException):
+    """The message, on one line, of the aiohttp error behind ``error`` for a request it cannot
+    parse or decode (a malformed request line, a body whose Content-Encoding is broken or
+    unknown); None if there is none."""
+    while error is not None and not isinstance(error, HttpProcessingError):
+        error = error.__cause__ or error.__context__
+    return " ".join(error.message.split()) if error is not None else None
+
+
 async def read_json(request: web.Request):
     """The request's body as JSON; RequestError (400, 413) where it is not."""
     try:
@@ -77,7 +89,7 @@ async def read_json(request: web.Request):
     except ConnectionError:  # the client went away mid-body: an answer nobody reads, and no log
         raise RequestError(400, "the connection closed before the body's end") from None
     except Exception as error:  # aiohttp's errors of a body it cannot decode (Content-Encoding)
-        raise RequestError(400, f"the body cannot be read ({error})") from None
+        raise RequestError(400, f"the body cannot be read ({protocol_error(error) or error})") from None
     try:
         return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
@@ -199,12 +211,28 @@ def make_app(translator, codec, options: dict, beam: int = 5, window: float = 0.
     return app
 
 
+class ClientErrorsInOneLine(logging.Filter):
+    """aiohttp logs a request it cannot parse or decode with a traceback, as it logs its own
+    failures. The client's error is answered 400 already: its record becomes one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = protocol_error(record.exc_info[1]) if record.exc_info else None
+        if message is not None:
+            record.msg, record.args = "%s: the client's request: %s", (record.getMessage(), message)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def runner_settings(idle_timeout: float = IDLE_TIMEOUT_S, access_log: bool = False) -> dict:
     """aiohttp's server settings: a handler is cancelled when its client disconnects (so its queued
     work is dropped), a connection without a complete request for ``idle_timeout`` seconds is
     closed (aiohttp's keep-alive timeout runs from the connection's start, so partial headers
     count; it has no separate header timeout), one access line per request only with
-    ``access_log``."""
+    ``access_log``, and a request aiohttp cannot read logged in one line (ClientErrorsInOneLine)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, ClientErrorsInOneLine) for f in server_log.filters):
+        server_log.addFilter(ClientErrorsInOneLine())
     settings = {"handler_cancellation": True, "keepalive_timeout": idle_timeout}
     if not access_log:
         settings["access_log"] = None
