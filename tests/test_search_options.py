@@ -1,4 +1,4 @@
-"""fairseq-generate's other search strategies and options over both memory models, built as
+"""fairseq-generate's other search strategies, options and ensembles over both memory models, built as
 fairseq-generate builds them (``FairseqTask.build_generator``), on untrained tiny models: each test
 checks what the option promises of the hypotheses, so a model whose incremental state or reorder
 breaks under a strategy fails. Left out, as fairseq's main fails them for its own ``transformer``
@@ -89,23 +89,56 @@ def test_lexical_constraints_appear_in_every_hypothesis(model, dictionary, order
     assert all(constrained) and all(holding(constrained))  # each sentence has at least one hypothesis
 
 
-def test_score_reference_gives_the_search_scores_of_its_own_best_hypotheses(model, dictionary):
-    """--score-reference scores a target in one teacher-forced pass; given the best hypotheses of
-    the beam search (incremental, with beam reorders) it must give their positional scores."""
-    best = [hypotheses[0] for hypotheses in generate(model, dictionary)]
+def reference_scores(models, dictionary, hypotheses):
+    """--score-reference of HYPOTHESES (one per BEAM_SOURCES sentence): their positional scores in one
+    teacher-forced pass of MODELS."""
     tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
-    width = max(len(h["tokens"]) for h in best)
-    target = torch.full((len(best), width), dictionary.pad())
-    prev = torch.full((len(best), width), dictionary.pad())
-    for row, h in enumerate(best):
+    width = max(len(h["tokens"]) for h in hypotheses)
+    target = torch.full((len(hypotheses), width), dictionary.pad())
+    prev = torch.full((len(hypotheses), width), dictionary.pad())
+    for row, h in enumerate(hypotheses):
         target[row, : len(h["tokens"])] = h["tokens"]
         prev[row, : len(h["tokens"])] = torch.cat([torch.tensor([dictionary.eos()]), h["tokens"][:-1]])
-    sample = {"id": torch.arange(len(best)), "target": target,
+    sample = {"id": torch.arange(len(hypotheses)), "target": target,
               "net_input": {"src_tokens": tokens, "src_lengths": lengths, "prev_output_tokens": prev}}
-    scorer = build_generator(model, dictionary, {"score_reference": True})
+    scorer = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), models,
+                                         Namespace(score_reference=True))
     assert isinstance(scorer, SequenceScorer)
     with torch.no_grad():
-        scored = scorer.generate([model], sample)
-    for h, (reference,) in zip(best, scored):
+        scored = scorer.generate(models, sample)
+    for h, (reference,) in zip(hypotheses, scored):
         assert reference["tokens"].tolist() == h["tokens"].tolist()
-        torch.testing.assert_close(reference["positional_scores"], h["positional_scores"], rtol=1e-4, atol=1e-5)
+    return [reference["positional_scores"] for (reference,) in scored]
+
+
+def test_score_reference_gives_the_search_scores_of_its_own_best_hypotheses(model, dictionary):
+    """--score-reference scores a target in one teacher-forced pass; given the best hypotheses of
+    the beam search (incremental, with beam reorders) it must give their positional scores; so must
+    every other hypothesis of the beam."""
+    beams = generate(model, dictionary)
+    for rank in range(4):  # the best hypotheses alone may never leave their first beam row
+        ranked = [hypotheses[rank] for hypotheses in beams]
+        for h, reference in zip(ranked, reference_scores([model], dictionary, ranked)):
+            torch.testing.assert_close(reference, h["positional_scores"], rtol=0, atol=2e-5)
+
+
+def test_an_ensemble_scores_its_hypotheses_by_its_models_mean_probability(dictionary):
+    """fairseq-generate --path A.pt:B.pt:C.pt, both memory models in one ensemble: each decodes
+    incrementally with its own state and beam reorders, and the ensemble's positional scores are
+    log((p_A + p_B + p_C) / 3) of the tokens, which each model alone gives teacher-forced, for every
+    hypothesis of the beam."""
+    models = [MODELS["lstm_memattn"](dictionary), build_transformer(dictionary, seed=0),
+              build_transformer(dictionary, seed=1, memory_read="mix")]
+    generator = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), models,
+                                            Namespace(beam=4, max_len_b=12))
+    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
+    sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
+    with torch.no_grad():
+        beams = generator.generate(models, sample)
+    for rank in range(4):
+        ranked = [hypotheses[rank] for hypotheses in beams]
+        alone = [reference_scores([m], dictionary, ranked) for m in models]
+        for row, h in enumerate(ranked):
+            each = torch.stack([scores[row] for scores in alone])
+            expected = torch.logsumexp(each, dim=0) - torch.log(torch.tensor(float(len(models))))
+            torch.testing.assert_close(h["positional_scores"], expected, rtol=0, atol=2e-5)
