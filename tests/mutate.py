@@ -23,6 +23,7 @@ DEPLOY = "fairseq_memattn/deploy/translator.py"
 SEARCH = "fairseq_memattn/deploy/search.py"
 DECODER = "fairseq_memattn/deploy/decoder.py"
 GRAPH = "fairseq_memattn/export/graph.py"
+LSTM = "fairseq_memattn/models/lstm_memattn.py"
 FAST_TIER = '-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests'
 # The exported models' tests train models, so they are in the full suite only: run just them.
 EXPORT_TESTS = "-x -q -p no:cacheprovider tests/test_export.py -k "
@@ -93,6 +94,8 @@ MUTATIONS = {
     "int8-weight-bits": (GRAPH, "WEIGHT_LEVELS = 63", "WEIGHT_LEVELS = 127",
                          "int8 weights in 8 bits, which overflow the 16-bit pair sums of CPUs without VNNI",
                          "-x -q -p no:cacheprovider tests/test_export_int8.py -k quantizes_each_row"),
+    "lstm-reorder": (LSTM, "        if state is None:\n            return\n", "        if True:\n            return\n",
+                     "the LSTM decoder's state left in place when the beam search reorders its hypotheses"),
 }
 
 
