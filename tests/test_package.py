@@ -43,6 +43,20 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r}))
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_console_scripts_import_only_the_standard_library_before_main():
+    """A Ctrl-C in a console script's first moments must land in its main, which exits quietly
+    (status 130): importing the module main is in imports nothing heavier than the standard library."""
+    code = """
+import sys
+before = set(sys.modules)
+import fairseq_memattn.cli.translate, fairseq_memattn.cli.serve
+print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "['fairseq_memattn']"
+
+
 def test_translate_console_script_imports_neither_torch_nor_fairseq():
     env = clean_env(PYTHONPROFILEIMPORTTIME="1")
     result = subprocess.run([os.path.join(BIN, "fairseq-memattn-translate"), "--help"], env=env,

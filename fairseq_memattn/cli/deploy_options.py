@@ -5,8 +5,6 @@ import argparse
 import math
 import os
 
-from ..deploy.batching import MAX_TOKENS
-
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a folder written by fairseq-memattn-export")
@@ -19,6 +17,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_search_options(p: argparse.ArgumentParser) -> None:
+    from ..deploy.batching import MAX_TOKENS  # numpy: not at import, so Ctrl-C at start-up reaches main
+
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--lenpen", type=float, default=1.0)
     p.add_argument("--unkpen", type=float, default=0.0)
