@@ -33,7 +33,7 @@ model or --max-tokens 413, an unknown path 404, another method 405, a request no
 logged with its traceback; the server goes on). A client that disconnects has its queued work
 dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed. A request
 aiohttp cannot parse (a malformed request line or header, an unsupported Content-Encoding) gets
-aiohttp's own 400 in plain text, logged as one warning line.
+aiohttp's own 400 in plain text, and at most one warning line in the log.
 """
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
