@@ -77,7 +77,7 @@ print("ok")
     assert result.stderr == ""  # no fairseq log lines
 
 
-def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error(tmp_path, monkeypatch):
+def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error(tmp_path, monkeypatch, capsys):
     from fairseq_memattn.deploy.graphs import require_onnxruntime
     from fairseq_memattn.deploy.text import SentencePiece
 
@@ -87,6 +87,14 @@ def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error
         require_onnxruntime()
     with pytest.raises(ImportError, match="needs the sentencepiece package: pip install sentencepiece"):
         SentencePiece(str(tmp_path / "spm.model"))
+    monkeypatch.setitem(sys.modules, "aiohttp", None)
+    from fairseq_memattn.cli import serve
+
+    with pytest.raises(SystemExit) as stop:
+        serve.parse_args([str(tmp_path)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        'fairseq-memattn-serve: error: the server needs aiohttp: pip install "fairseq_memattn[serve]"')
     # installed, but its import fails: the command line says why, not "pip install" again
     fake = tmp_path / "site" / "onnxruntime"
     fake.mkdir(parents=True)

@@ -4,6 +4,7 @@ import argparse
 import logging
 import sys
 
+from ..errors import UserError, import_installed, one_line_errors
 from .deploy_options import add_model_options, add_search_options, check_options, check_positive, check_range, \
     load, search_options
 
@@ -23,6 +24,8 @@ starts: one line, status 2.
 
 
 def parse_args(argv=None):
+    with one_line_errors(PROG):
+        import_installed("aiohttp", 'the server needs aiohttp: pip install "fairseq_memattn[serve]"', UserError)
     from ..deploy import serve
 
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION + "\n" + serve.API,
