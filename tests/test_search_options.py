@@ -25,18 +25,20 @@ def model(request, dictionary):
     return MODELS[request.param](dictionary)
 
 
-def build_generator(model, dictionary, options):
-    """What fairseq-generate builds for OPTIONS (its options, as attributes)."""
-    return FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), [model], Namespace(**options))
+def build_generator(models, dictionary, options):
+    """What fairseq-generate builds for OPTIONS (its options, as attributes) over MODELS (a list
+    for an ensemble)."""
+    return FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), models, Namespace(**options))
 
 
 def generate(model, dictionary, prefix_tokens=None, constraint_tokens=None, **options):
-    """Hypotheses of BEAM_SOURCES, beam 4 unless OPTIONS say."""
-    generator = build_generator(model, dictionary, {"beam": 4, "max_len_b": 12, **options})
+    """Hypotheses of BEAM_SOURCES by MODEL (or a list of models, an ensemble), beam 4 unless OPTIONS say."""
+    models = model if isinstance(model, list) else [model]
+    generator = build_generator(models, dictionary, {"beam": 4, "max_len_b": 12, **options})
     tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
     sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
     with torch.no_grad():
-        return generator.generate([model], sample, prefix_tokens=prefix_tokens, constraints=constraint_tokens)
+        return generator.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraint_tokens)
 
 
 def token_lists(beams):
@@ -101,8 +103,7 @@ def reference_scores(models, dictionary, hypotheses):
         prev[row, : len(h["tokens"])] = torch.cat([torch.tensor([dictionary.eos()]), h["tokens"][:-1]])
     sample = {"id": torch.arange(len(hypotheses)), "target": target,
               "net_input": {"src_tokens": tokens, "src_lengths": lengths, "prev_output_tokens": prev}}
-    scorer = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), models,
-                                         Namespace(score_reference=True))
+    scorer = build_generator(models, dictionary, {"score_reference": True})
     assert isinstance(scorer, SequenceScorer)
     with torch.no_grad():
         scored = scorer.generate(models, sample)
@@ -129,12 +130,7 @@ def test_an_ensemble_scores_its_hypotheses_by_its_models_mean_probability(dictio
     hypothesis of the beam."""
     models = [MODELS["lstm_memattn"](dictionary), build_transformer(dictionary, seed=0),
               build_transformer(dictionary, seed=1, memory_read="mix")]
-    generator = FairseqTask.build_generator(SimpleNamespace(target_dictionary=dictionary), models,
-                                            Namespace(beam=4, max_len_b=12))
-    tokens, lengths = left_padded_batch(dictionary, BEAM_SOURCES)
-    sample = {"id": torch.arange(len(BEAM_SOURCES)), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
-    with torch.no_grad():
-        beams = generator.generate(models, sample)
+    beams = generate(models, dictionary)
     for rank in range(4):
         ranked = [hypotheses[rank] for hypotheses in beams]
         alone = [reference_scores([m], dictionary, ranked) for m in models]
