@@ -291,6 +291,29 @@ def test_a_lone_surrogate_gets_400_with_a_sentencepiece_model(server, tmp_path):
     assert post(url, {"text": ["3 1"]})[0] == 200
 
 
+@pytest.mark.slow
+def test_the_server_answers_while_a_request_is_encoded(server, monkeypatch):
+    gate, encoding = threading.Event(), threading.Event()
+    source = TextCodec.source
+
+    def gated(codec, line):
+        encoding.set()
+        assert gate.wait(timeout=120)
+        return source(codec, line)
+
+    monkeypatch.setattr(TextCodec, "source", gated)
+    url, _, _ = server()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, url, {"text": ["3 1"]})
+        try:
+            assert encoding.wait(timeout=30)
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as response:  # not behind the encoding
+                assert json.load(response) == {"status": "ok"}
+        finally:
+            gate.set()
+        assert pending.result()[0] == 200
+
+
 def raw_request(url, data: bytes) -> socket.socket:
     """A socket to the server that has sent ``data``."""
     host, port = url.rsplit("/", 1)[1].split(":")

@@ -98,7 +98,7 @@ async def read_json(request: web.Request):
 
 
 class Server:
-    """The HTTP handlers: requests checked and encoded here, decoded by the Batcher."""
+    """The HTTP handlers: requests checked and encoded here (off the event loop), decoded by the Batcher."""
 
     def __init__(self, translator, codec, options: dict, beam: int, max_tokens: int, max_beam: int,
                  max_sentences: int, batcher: Batcher, timeout: float = TIMEOUT_S):
@@ -154,7 +154,9 @@ class Server:
                                      status=504)
 
     async def answer(self, request: web.Request) -> web.Response:
-        sources, beam, nbest, alignment = self.parse(await read_json(request))
+        body = await read_json(request)
+        # On a thread: sentencepiece releases the GIL, so a long text does not hold up other requests.
+        sources, beam, nbest, alignment = await asyncio.get_running_loop().run_in_executor(None, self.parse, body)
         results = await self.decode(sources, beam, alignment) if sources else []
         return web.json_response({"results": [[self.hypothesis_json(h, alignment) for h in hypotheses[:nbest]]
                                               for hypotheses in results]})
