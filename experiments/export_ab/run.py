@@ -12,6 +12,10 @@ With --test-split DATA the batches are DATA's test split instead (recipes.wmt17.
 bpe/test.SRC), --sources sentences each in file order, with fairseq's default output lengths: what
 recipes/speed/deploy.py times with --trained.
 
+With --after-options NAME=VALUE ..., AFTER's ONNX Runtime session gets those settings on top of the
+translator's: SessionOptions attributes (enable_mem_pattern=0) or session config entries
+(session.intra_op.allow_spinning=0); BEFORE and AFTER may then be the same folder.
+
 Prints a markdown table: seconds of each export and AFTER's time over BEFORE's, and the median
 milliseconds of a batch's first decoder step and of its later ones.
 """
@@ -42,14 +46,18 @@ def main(argv=None):
     p.add_argument("--before-code", metavar="CHECKOUT", help="translate BEFORE with this checkout's translator")
     p.add_argument("--test-split", metavar="DATA", help="time DATA's test split in place of random sources")
     p.add_argument("--source-lang", default="en", help="with --test-split: the source side")
+    p.add_argument("--after-options", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="ONNX Runtime session settings for AFTER: SessionOptions attributes or config entries")
     args = p.parse_args(argv)
     before_translator = translator_of(args.before_code) if args.before_code else Translator
     kinds = (before_translator, Translator)
     step_times = []
     for kind in kinds:
         time_steps(kind, step_times)
-    translators = [kind(folder, session_options=default_session_options(args.threads))
-                   for kind, folder in zip(kinds, (args.before, args.after))]
+    translators = [kind(folder, session_options=options)
+                   for kind, folder, options in zip(kinds, (args.before, args.after),
+                                                    (default_session_options(args.threads),
+                                                     session_options(args.threads, args.after_options)))]
     rng = np.random.default_rng(0)
     print(f"{args.sources} sources, beam {args.beam}, {args.threads} thread(s), median of {args.repeats}\n")
     print("| \\|S\\| = \\|T\\| | before | after | after / before | first step, ms (before, after) "
@@ -71,6 +79,22 @@ def main(argv=None):
                          for translator in translators] for part in (False, True))
         print(f"| {length} | {before:.3f} | {after:.3f} | {after / before:.2f} | {first[0]:.1f}, {first[1]:.1f} "
               f"| {later[0]:.1f}, {later[1]:.1f} |", flush=True)
+
+
+def session_options(threads: int, settings: list):
+    """The translator's SessionOptions with each NAME=VALUE set: an attribute of SessionOptions
+    (a number, a boolean as 0/1, an enum by its number), else a session config entry."""
+    options = default_session_options(threads)
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if not value:
+            raise SystemExit(f"--after-options: expected NAME=VALUE, got {setting!r}")
+        if hasattr(options, name):
+            current = getattr(options, name)
+            setattr(options, name, type(current)(int(value)))
+        else:
+            options.add_session_config_entry(name, value)
+    return options
 
 
 def cells(translator, rng, args):
