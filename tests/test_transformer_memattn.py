@@ -471,6 +471,27 @@ def test_architectures_have_fairseqs_sizes():
     assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.decoder_attention_heads) == (512, 1024, 4)
 
 
+@pytest.mark.parametrize("name", ["transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
+                                  "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
+                                  "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t"])
+def test_each_fairseq_transformer_size_has_a_memory_architecture(name):
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    from fairseq_memattn.convert import target_architecture
+
+    ours = name.replace("transformer", "transformer_memattn", 1)
+    assert ARCH_MODEL_REGISTRY[ours] is MemAttnTransformerModel
+    assert target_architecture(name) == ours
+    fairseqs, memory = argparse.Namespace(), argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[name](fairseqs)
+    ARCH_CONFIG_REGISTRY[ours](memory)
+    assert {key: getattr(memory, key) for key in vars(fairseqs)} == vars(fairseqs)
+    plain = argparse.Namespace()
+    base_architecture(plain)
+    assert {key: value for key, value in vars(memory).items() if key.startswith("memory_")} == \
+        {key: value for key, value in vars(plain).items() if key.startswith("memory_")}
+
+
 @pytest.mark.parametrize("flags, window", [
     ([], True), (["--memory-read", "mix"], False), (["--no-memory-position-window"], False),
     (["--memory-read", "mix", "--memory-position-window"], True)])

@@ -5,7 +5,7 @@ import contextlib
 import logging
 import re
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, register_model, register_model_architecture
 from fairseq.models.transformer import (
     DEFAULT_MAX_SOURCE_POSITIONS,
     DEFAULT_MAX_TARGET_POSITIONS,
@@ -13,7 +13,6 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
-from fairseq.models.transformer import transformer_iwslt_de_en
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ...checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
@@ -184,8 +183,22 @@ def base_architecture(args):
     transformer_base_architecture(args)
 
 
-@register_model_architecture("memattn_transformer", "transformer_memattn_iwslt_de_en")
-def iwslt_de_en_architecture(args):
-    """fairseq's ``transformer_iwslt_de_en`` sizes with the memory of ``transformer_memattn``."""
-    transformer_iwslt_de_en(args)
-    base_architecture(args)
+def fairseq_sized(name: str, sizes):
+    """Registers transformer_memattn_SUFFIX for fairseq's --arch transformer_SUFFIX: its sizes
+    (``sizes``, fairseq's own architecture function) with the memory of ``transformer_memattn``."""
+    def architecture(args):
+        sizes(args)
+        base_architecture(args)
+
+    architecture.__doc__ = f"fairseq's ``{name}`` sizes with the memory of ``transformer_memattn``."
+    suffix = name[len("transformer"):]
+    return register_model_architecture("memattn_transformer", "transformer_memattn" + suffix)(architecture)
+
+
+# Every named size of fairseq's transformer (transformer_wmt_en_de_big, ...), so that a recipe
+# switches by its --arch alone and a converted checkpoint keeps its architecture's name.
+FAIRSEQ_SIZES = [name for name, model in ARCH_MODEL_REGISTRY.items()
+                 if model is TransformerModel and name.startswith("transformer_")]
+for _name in FAIRSEQ_SIZES:
+    fairseq_sized(_name, ARCH_CONFIG_REGISTRY[_name])
+iwslt_de_en_architecture = ARCH_CONFIG_REGISTRY["transformer_memattn_iwslt_de_en"]
