@@ -24,6 +24,7 @@ SEARCH = "fairseq_memattn/deploy/search.py"
 DECODER = "fairseq_memattn/deploy/decoder.py"
 GRAPH = "fairseq_memattn/export/graph.py"
 LSTM = "fairseq_memattn/models/lstm_memattn.py"
+SHARING = "fairseq_memattn/modules/beam_sharing.py"
 FAST_TIER = '-x -q -p no:cacheprovider -n auto --dist loadscope -m "not slow" tests'
 # The exported models' tests train models, so they are in the full suite only: run just them.
 EXPORT_TESTS = "-x -q -p no:cacheprovider tests/test_export.py -k "
@@ -96,6 +97,12 @@ MUTATIONS = {
                          "-x -q -p no:cacheprovider tests/test_export_int8.py -k quantizes_each_row"),
     "lstm-reorder": (LSTM, "        if state is None:\n            return\n", "        if True:\n            return\n",
                      "the LSTM decoder's state left in place when the beam search reorders its hypotheses"),
+    "shared-rows": (SHARING, "        return runs, int(lengths[0])",
+                    "        return torch.arange(runs.numel(), device=runs.device), int(lengths[0])",
+                    "a source's shared rows left where they were when finished sources leave the batch"),
+    "read-reorder": (READS, "        saved = self.get_incremental_state(incremental_state, \"memory\")\n        if saved is None:",
+                     "        saved = self.get_incremental_state(incremental_state, \"memory\")\n        if True:",
+                     "the Transformer read's projected memory left in place when the beam search reorders"),
 }
 
 
