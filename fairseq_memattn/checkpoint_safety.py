@@ -60,6 +60,18 @@ class CheckpointError(UserError):
     """A file that is not a readable fairseq checkpoint; the message names it."""
 
 
+def not_a_file(path: str) -> CheckpointError:
+    """The error for a checkpoint path that is not a file: missing, or a folder (its .pt files named)."""
+    if not os.path.isdir(path):
+        return CheckpointError(f"checkpoint not found: {path}")
+    found = sorted(name for name in os.listdir(path) if name.endswith(".pt"))
+    if not found:
+        return CheckpointError(f"{path} is a folder with no .pt file: give a checkpoint file (checkpoint_best.pt, "
+                               f"checkpoint_last.pt, ... in fairseq-train's --save-dir)")
+    listed = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    return CheckpointError(f"{path} is a folder: give a checkpoint file in it ({listed})")
+
+
 def read_checkpoint(path: str, data: Optional[str] = None) -> dict:
     """The state fairseq saved in ``path`` (its loader: args or cfg, old formats upgraded), with
     ``--data`` overridden when given; a one-line CheckpointError for a missing or unreadable file."""
@@ -69,7 +81,7 @@ def read_checkpoint(path: str, data: Optional[str] = None) -> dict:
     from fairseq import checkpoint_utils
 
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise not_a_file(path)
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides={"data": data} if data else None)
         state["cfg"]["model"]

@@ -54,7 +54,7 @@ def guard_model_loading() -> None:
     from fairseq import checkpoint_utils
 
     from .checkpoint_fit import loading
-    from .checkpoint_safety import CheckpointError
+    from .checkpoint_safety import not_a_file
     from .models.memory_options import position_encoding_limit
 
     load = checkpoint_utils.load_model_ensemble_and_task
@@ -70,9 +70,11 @@ def guard_model_loading() -> None:
         try:
             with loading("saved", path, call.arguments.get("arg_overrides")):
                 models, cfg, task = load(*call.args, **call.kwargs)
+        except IsADirectoryError as error:  # fairseq's check passes a folder on to torch.load
+            raise not_a_file(error.filename) from error
         except OSError as error:
             if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
-                raise CheckpointError(f"checkpoint not found: {str(error).split(': ', 1)[1]}") from error
+                raise not_a_file(str(error).split(": ", 1)[1]) from error
             raise
         limits = [limit for limit in map(position_encoding_limit, models) if limit is not None]
         if limits and task is not None:

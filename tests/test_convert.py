@@ -165,6 +165,7 @@ REFUSALS = {  # name: (how to make the checkpoint, extra options, what the error
     "bad value": (None, ["--memory-encoder-score", "cosine"], "argument --memory-encoder-score: invalid choice"),
     "not a checkpoint": ("text", [], "is not a fairseq checkpoint (not a file torch.save writes"),
     "missing": ("missing", [], "checkpoint not found"),
+    "folder": ("folder", [], "is a folder: give a checkpoint file in it (checkpoint_last.pt)"),
 }
 
 
@@ -188,6 +189,10 @@ def test_refusals_are_one_line(toy, tmp_path, capsys, name):
         checkpoint.write_text("not a checkpoint\n")
     elif make == "missing":
         checkpoint = tmp_path / "none.pt"
+    elif make == "folder":
+        checkpoint = tmp_path / "checkpoints"
+        checkpoint.mkdir()
+        (checkpoint / "checkpoint_last.pt").write_text("")
     else:
         checkpoint = save_variant(toy, tmp_path / "variant.pt", **make)
     with pytest.raises(SystemExit) as stopped:

@@ -209,6 +209,20 @@ def test_missing_checkpoint_is_one_line(tmp_path, command):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("holds", [["checkpoint_last.pt", "checkpoint_best.pt", "notes.txt"], []])
+def test_a_folder_given_as_the_checkpoint_is_one_line(tmp_path, holds):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in holds:
+        (folder / name).write_text("")
+    result = run_fairseq("fairseq-generate", *TASK, "--path", str(folder), "--cpu", check=False)
+    assert last_line(result) == "fairseq-generate: error: " + (
+        f"{folder} is a folder: give a checkpoint file in it (checkpoint_best.pt, checkpoint_last.pt)" if holds else
+        f"{folder} is a folder with no .pt file: give a checkpoint file (checkpoint_best.pt, checkpoint_last.pt, "
+        "... in fairseq-train's --save-dir)")
+    assert "Traceback" not in result.stderr
+
+
 # --- sources longer than the position encodings' S ----------------------------------
 
 TOO_LONG = ("has 13 tokens (EOS included), more than the S = 7 that the model's position encodings "
