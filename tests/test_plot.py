@@ -332,6 +332,7 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
 @pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [
     ("missing", "checkpoint not found"),
+    ("folder", "is a folder with no .pt file"),
     ("out_of_range", "--example-id 20 is out of range for --gen-subset 'test', which has "
                      "examples 0..19"),
     ("negative", "--example-id -1 is out of range"),
@@ -344,7 +345,7 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
 def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, capsys, case,
                                                       expected):
     output = tmp_path / ("figure.bmpx" if case == "bad_extension" else "figure.png")
-    path = {"missing": str(tmp_path / "nope.pt"), "no_attention": checkpoints["none"],
+    path = {"missing": str(tmp_path / "nope.pt"), "folder": str(tmp_path), "no_attention": checkpoints["none"],
             "layer_out_of_range": checkpoints["transformer"],
             "head_out_of_range": checkpoints["transformer"]}.get(case, checkpoints["memory"])
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")

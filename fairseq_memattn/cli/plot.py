@@ -15,6 +15,7 @@ import torch
 
 from .. import plot
 from . import log_to_stderr
+from ..checkpoint_safety import not_a_file
 from ..errors import one_line_errors
 from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
                     draw, save)
@@ -65,7 +66,7 @@ def check_arguments(args, paths: List[str]) -> List[str]:
                         f"(choose from {', '.join(supported_formats())})")
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
-        raise PlotError(f"--path: checkpoint not found: {', '.join(missing)}")
+        raise PlotError(f"--path: {'; '.join(str(not_a_file(p)) for p in missing)}")
     if args.max_ticks < 1:
         raise PlotError(f"invalid --max-ticks: {args.max_ticks} (must be >= 1)")
     if args.labels is None:
