@@ -14,6 +14,7 @@ plain translation does not need and does not do.
 """
 
 import contextlib
+import os
 
 import torch
 
@@ -44,9 +45,24 @@ class MemAttnHubModel:
         checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
         bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
         register()  # checkpoints loadable under weights_only, loading errors said as UserError
+        check_model_folder(model_name_or_path, checkpoint_file, cls.hub_models())
         loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                            archive_map=cls.hub_models(), **kwargs)
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
+
+
+def check_model_folder(model_name_or_path, checkpoint_file: str, hub_models: dict) -> None:
+    """UserError for a ``model_name_or_path`` that is not a folder (nor a hub name), which fairseq
+    would take for an archive to download or unpack; a checkpoint file given there is a common slip."""
+    path = str(model_name_or_path)
+    if path in hub_models or os.path.isdir(path):
+        return
+    if os.path.isfile(path):
+        folder, name = os.path.split(path)
+        raise UserError(f"{path} is a file: give its folder and its name apart, "
+                        f"from_pretrained({folder or '.'!r}, checkpoint_file={name!r}, ...)")
+    raise UserError(f"model folder not found: {path} (from_pretrained takes the folder that holds "
+                    f"checkpoint_file={checkpoint_file!r})")
 
 
 @contextlib.contextmanager

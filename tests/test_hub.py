@@ -203,3 +203,17 @@ def test_install_message_names_the_real_extra(tmp_path):
     assert result.returncode != 0 and extra, result.stderr[-2000:]
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         assert f'"{extra.group(2)}": ["ve-fairseq==' in f.read()
+
+
+@pytest.mark.parametrize("model_class", [MemAttnLSTMModel, MemAttnTransformerModel])
+def test_from_pretrained_names_a_checkpoint_given_as_the_folder_and_a_missing_folder(tmp_path, model_class):
+    checkpoint = tmp_path / "checkpoint_best.pt"
+    checkpoint.write_text("")
+    with pytest.raises(ValueError) as error:
+        model_class.from_pretrained(str(checkpoint), data_name_or_path=str(tmp_path))
+    assert str(error.value) == (f"{checkpoint} is a file: give its folder and its name apart, "
+                                f"from_pretrained({str(tmp_path)!r}, checkpoint_file='checkpoint_best.pt', ...)")
+    with pytest.raises(ValueError) as error:
+        model_class.from_pretrained(str(tmp_path / "nope"), checkpoint_file="x.pt", data_name_or_path=str(tmp_path))
+    assert str(error.value) == f"model folder not found: {tmp_path / 'nope'} (from_pretrained takes the folder " \
+                               "that holds checkpoint_file='x.pt')"
