@@ -275,12 +275,13 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
     cases = {
         "transformer": (["--arch", "transformer", "--encoder-ffn-embed-dim", "8", "--decoder-ffn-embed-dim", "8",
                          "--encoder-attention-heads", "1", "--decoder-attention-heads", "1", *small],
-                        "unsupported model 'transformer'"),
+                        "unsupported model 'transformer'", "convert it first (fairseq-memattn-convert CHECKPOINT "
+                        "OUT.pt --memory-k 64, then fine-tune), or run it as it is with CTranslate2"),
         "lstm_att": (["--arch", "lstm_att", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
-                     "unsupported --attention-type 'additive'"),
+                     "unsupported --attention-type 'additive'", None),
     }
     train_few = [*TRAIN[:TRAIN.index("--max-update")], "--max-update", "1", *TRAIN[TRAIN.index("--seed"):]]
-    for name, (flags, message) in cases.items():
+    for name, (flags, message, advice) in cases.items():
         run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *flags, *train_few, "--save-dir", str(tmp_path / name))
         result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export",
                                  str(tmp_path / name / "checkpoint_best.pt"), str(tmp_path / "out")],
@@ -288,6 +289,7 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
         assert result.returncode == 2
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("fairseq-memattn-export: error:") and message in last, result.stderr
+        assert (advice in last) if advice else ("convert" not in last), last
         assert "Traceback" not in result.stderr
 
 

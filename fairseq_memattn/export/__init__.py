@@ -32,6 +32,7 @@ def load_checkpoint(path: str, data: str = None):
     """(model in eval mode, task) from a fairseq checkpoint of this plugin, or ExportError."""
     from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.models.transformer import TransformerModel
 
     from .. import register
     from ..checkpoint_safety import CheckpointError, architecture, read_checkpoint
@@ -49,7 +50,10 @@ def load_checkpoint(path: str, data: str = None):
     arch = architecture(cfg["model"])
     model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
     if model_class not in (MemAttnTransformerModel, MemAttnLSTMModel):
-        raise ExportError(f"unsupported model {arch!r} in {path}: the export supports {SUPPORTED}")
+        # fairseq's own transformer: the memory model is one conversion and a short fine-tuning away
+        hint = ("; convert it first (fairseq-memattn-convert CHECKPOINT OUT.pt --memory-k 64, then fine-tune), "
+                "or run it as it is with CTranslate2") if model_class is TransformerModel else ""
+        raise ExportError(f"unsupported model {arch!r} in {path}: the export supports {SUPPORTED}{hint}")
     if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
                           f"the export supports {SUPPORTED}")
