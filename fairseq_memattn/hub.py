@@ -26,6 +26,10 @@ from .errors import UserError
 from .models.memory_options import position_encoding_limit, source_too_long
 
 
+# fairseq's translation task, given no source_lang / target_lang and a data folder without its binarized splits
+NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
+
+
 class MemAttnHubModel:
     """For a fairseq model class of this plugin: ``from_pretrained`` returning
     a :class:`MemAttnHubInterface`. ``alignment_switch`` is the module
@@ -45,24 +49,53 @@ class MemAttnHubModel:
         checkpoint_file="checkpoint_best.pt", data_name_or_path="data/wmt17/en-de/data-bin",
         bpe="sentencepiece", sentencepiece_model="data/wmt17/en-de/spm.model")``."""
         register()  # checkpoints loadable under weights_only, loading errors said as UserError
-        check_model_folder(model_name_or_path, checkpoint_file, cls.hub_models())
-        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                           archive_map=cls.hub_models(), **kwargs)
+        data = check_paths(model_name_or_path, checkpoint_file, data_name_or_path, cls.hub_models())
+        try:
+            loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                               archive_map=cls.hub_models(), **kwargs)
+        except Exception as error:
+            missing = unusable_data(error)
+            if missing is None:
+                raise
+            raise UserError(f"{data} holds {missing}: give data_name_or_path=, the data-bin folder the model was "
+                            f"trained on") from None
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
-def check_model_folder(model_name_or_path, checkpoint_file: str, hub_models: dict) -> None:
-    """UserError for a ``model_name_or_path`` that is not a folder (nor a hub name), which fairseq
-    would take for an archive to download or unpack; a checkpoint file given there is a common slip."""
-    path = str(model_name_or_path)
-    if path in hub_models or os.path.isdir(path):
-        return
+def check_paths(model_name_or_path, checkpoint_file: str, data_name_or_path: str, hub_models: dict):
+    """The data folder fairseq will read (relative to the model folder where it starts with "."),
+    or UserError for a model or data folder that is not one (nor a hub name), which fairseq would
+    take for an archive to download or unpack; a checkpoint file given as the folder is a common slip."""
+    path, data = str(model_name_or_path), str(data_name_or_path)
+    if path in hub_models or data in hub_models:
+        return data
+    if not os.path.isdir(path):
+        raise not_a_model_folder(path, checkpoint_file)
+    data = os.path.abspath(os.path.join(path, data)) if data.startswith(".") else data
+    if not os.path.isdir(data):
+        raise UserError(f"data folder not found: {data} (data_name_or_path is the data-bin folder the model "
+                        f"was trained on, with its dictionaries)")
+    return data
+
+
+def unusable_data(error: Exception):
+    """What the data folder lacks, where fairseq's translation task stopped on it; else None."""
+    if str(error) == NO_LANGUAGE_PAIR:
+        return "no fairseq-preprocess output to tell the language pair from"
+    name = os.path.basename(str(getattr(error, "filename", None) or ""))
+    if isinstance(error, FileNotFoundError) and name.startswith("dict."):
+        return f"no {name}"
+    return None
+
+
+def not_a_model_folder(path: str, checkpoint_file: str) -> UserError:
+    """The error for a model_name_or_path that is a file (the checkpoint itself?) or nothing."""
     if os.path.isfile(path):
         folder, name = os.path.split(path)
-        raise UserError(f"{path} is a file: give its folder and its name apart, "
-                        f"from_pretrained({folder or '.'!r}, checkpoint_file={name!r}, ...)")
-    raise UserError(f"model folder not found: {path} (from_pretrained takes the folder that holds "
-                    f"checkpoint_file={checkpoint_file!r})")
+        return UserError(f"{path} is a file: give its folder and its name apart, "
+                         f"from_pretrained({folder or '.'!r}, checkpoint_file={name!r}, ...)")
+    return UserError(f"model folder not found: {path} (from_pretrained takes the folder that holds "
+                     f"checkpoint_file={checkpoint_file!r})")
 
 
 @contextlib.contextmanager

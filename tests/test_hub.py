@@ -217,3 +217,19 @@ def test_from_pretrained_names_a_checkpoint_given_as_the_folder_and_a_missing_fo
         model_class.from_pretrained(str(tmp_path / "nope"), checkpoint_file="x.pt", data_name_or_path=str(tmp_path))
     assert str(error.value) == f"model folder not found: {tmp_path / 'nope'} (from_pretrained takes the folder " \
                                "that holds checkpoint_file='x.pt')"
+
+
+def test_from_pretrained_names_a_data_folder_it_cannot_use(recipe_dir, tmp_path):
+    folder = os.path.join(recipe_dir, "checkpoints", "wmt17", "en-fr", "k32_pe_sigmoid-softmax")
+    for data, options, expected in [
+            (tmp_path / "nope", {}, f"data folder not found: {tmp_path / 'nope'} (data_name_or_path is the data-bin "
+                                    "folder the model was trained on, with its dictionaries)"),
+            (tmp_path, {},
+             f"{tmp_path} holds no dict.en.txt: give data_name_or_path=, the data-bin folder the model was trained on"),
+            (tmp_path, dict(source_lang=None, target_lang=None),  # as trained without --source-lang/--target-lang
+             f"{tmp_path} holds no fairseq-preprocess output to tell the language pair from: give "
+             "data_name_or_path=, the data-bin folder the model was trained on")]:
+        with pytest.raises(ValueError) as error:
+            MemAttnLSTMModel.from_pretrained(folder, checkpoint_file="checkpoint_best.pt", data_name_or_path=str(data),
+                                             **options)
+        assert str(error.value) == expected
