@@ -71,6 +71,8 @@ def guard_model_loading() -> None:
             with loading("saved", path, call.arguments.get("arg_overrides")):
                 models, cfg, task = load(*call.args, **call.kwargs)
         except IsADirectoryError as error:  # fairseq's check passes a folder on to torch.load
+            if str(error.filename) not in map(str, filenames):
+                raise
             raise not_a_file(error.filename) from error
         except OSError as error:
             if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
