@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 from .errors import UserError
 from .models.transformer_memattn.model import WRITE_PREFIX  # the only parameters the source lacks
+from .models.transformer_memattn.model import memory_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ def target_architecture(source_arch: str) -> str:
     the checkpoint's own either way (they are all in its args)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    suffix = source_arch[len(SOURCE_MODEL):] if source_arch.startswith(SOURCE_MODEL + "_") else ""
-    return MEMATTN_ARCH + suffix if MEMATTN_ARCH + suffix in ARCH_MODEL_REGISTRY else MEMATTN_ARCH
+    target = memory_architecture(source_arch) if source_arch.startswith(SOURCE_MODEL + "_") else MEMATTN_ARCH
+    return target if target in ARCH_MODEL_REGISTRY else MEMATTN_ARCH
 
 
 def target_args(source_args: argparse.Namespace, memory_options: Dict[str, object]) -> argparse.Namespace:

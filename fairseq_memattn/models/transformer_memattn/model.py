@@ -183,16 +183,20 @@ def base_architecture(args):
     transformer_base_architecture(args)
 
 
+def memory_architecture(fairseq_arch: str) -> str:
+    """The memory version's name of fairseq's --arch transformer_SUFFIX: transformer_memattn_SUFFIX."""
+    return "transformer_memattn" + fairseq_arch[len("transformer"):]
+
+
 def fairseq_sized(name: str, sizes):
-    """Registers transformer_memattn_SUFFIX for fairseq's --arch transformer_SUFFIX: its sizes
-    (``sizes``, fairseq's own architecture function) with the memory of ``transformer_memattn``."""
+    """Registers ``memory_architecture(name)`` for fairseq's --arch ``name``: its sizes (``sizes``,
+    fairseq's own architecture function) with the memory of ``transformer_memattn``."""
     def architecture(args):
         sizes(args)
         base_architecture(args)
 
     architecture.__doc__ = f"fairseq's ``{name}`` sizes with the memory of ``transformer_memattn``."
-    suffix = name[len("transformer"):]
-    return register_model_architecture("memattn_transformer", "transformer_memattn" + suffix)(architecture)
+    return register_model_architecture("memattn_transformer", memory_architecture(name))(architecture)
 
 
 # Every named size of fairseq's transformer (transformer_wmt_en_de_big, ...), so that a recipe
