@@ -16,6 +16,8 @@ import dataclasses
 import re
 from typing import Dict, Tuple
 
+import torch
+
 from .errors import UserError
 from .modules.attention import ATTENTION_TYPES, build_attention
 from .modules.memory import MemoryConfig
@@ -28,6 +30,14 @@ def _count(state, prefix: str) -> int:
 
 def _dim(state, name: str, axis: int):
     return state[name].shape[axis] if name in state else None
+
+
+def _tied(state, first: str, second: str):
+    """Whether two weights hold the same values: tied in training (a checkpoint saved from a GPU
+    holds them as two copies, so identity would not tell)."""
+    if first not in state or second not in state:
+        return None
+    return state[first].shape == state[second].shape and bool(torch.equal(state[first], state[second]))
 
 
 def _attention_type(parameter_names, has_context) -> str:
@@ -73,6 +83,8 @@ def lstm_shape_options(state) -> Dict[str, object]:
         # The previous context is concatenated to the decoder's embeddings.
         "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
         "attention_mix": mix,
+        "share_decoder_input_output_embed": _tied(state, "decoder.output_projection.weight", "decoder.embed_tokens.weight"),
+        "share_all_embeddings": _tied(state, "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"),
         "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
         "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
     }

@@ -46,6 +46,8 @@ VARIANTS = {
     # Position encodings renormalised to a sum of 1 above, to a mean of 1 here.
     "lstm-feeding-pe": [*LSTM, "--input-feeding", "--attention-mix", "--memory-position-encoding",
                         "--memory-position-normalize", "mean", "--memory-encoder-score", "sigmoid"],
+    # One table learns slower on this task: more and larger steps, for outputs of several lengths.
+    "lstm-shared": [*LSTM, "--attention-mix", "--share-all-embeddings", "--lr", "1e-2", "--max-update", "120"],
 }
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
@@ -55,7 +57,7 @@ SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "-
 
 
 def train(folder, flags):
-    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *flags, *TRAIN, "--save-dir", str(folder))
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *TRAIN, *flags, "--save-dir", str(folder))  # flags last: they win
     return folder / "checkpoint_best.pt"
 
 
@@ -122,6 +124,15 @@ def test_translator_equals_fairseq_generate(trained, variant):
     if short_source_rows(variant):  # sources with |S| memory rows and with K
         source_lens = [len(translator.src_dict.encode(source)) for source, _ in expected.values()]
         assert min(source_lens) < SHORT_SOURCE_ROWS <= max(source_lens)
+
+
+@pytest.mark.slow
+def test_shared_embeddings_stay_one_table_in_the_checkpoint(trained):
+    model = torch.load(trained("lstm-shared")[0], weights_only=True)["model"]
+    table = model["encoder.embed_tokens.weight"]
+    assert not torch.equal(table, torch.zeros_like(table))
+    for name in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        torch.testing.assert_close(model[name], table, rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -1,10 +1,16 @@
 """Decoder behaviour for every attention type: incremental decoding, padding,
-beam reordering and alignments."""
+beam reordering, alignments and shared embeddings."""
+
+import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import (PREV_OUTPUT, SOURCES, build_every_model, build_model, for_every_model,
-                      left_padded_batch)
+                      left_padded_batch, make_args, make_dictionary)
+
+from fairseq_memattn.errors import UserError
+from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
 
 
 def incremental_outputs(model, tokens, lengths, prev_output, need_attn=False):
@@ -181,3 +187,58 @@ def test_checkpoint_with_the_memory_parameters_named_as_before_loads(dictionary)
     model.load_state_dict(old_names)
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+
+
+def test_shared_embeddings_are_one_table_through_training(dictionary):
+    """--share-all-embeddings: the encoder's table is the decoder's and the output layer's
+    W_o in softmax(W_o tanh(W_m [h; c] + b_m) + b), before and after an optimizer step."""
+    model = build_model(dictionary, share_all_embeddings=True, attention_mix=True)
+    assert model.decoder.attention_mix.out_features == 8  # --decoder-embed-dim, not the hidden size 16
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    features = torch.randn(2, 3, model.decoder.attention_mix.in_features)
+    for _ in range(2):
+        table = model.encoder.embed_tokens.weight.detach().clone()
+        mix = model.decoder.attention_mix
+        mixed = torch.tanh(features @ mix.weight.detach().T + mix.bias.detach())
+        expected = mixed @ table.T + model.decoder.output_projection.bias.detach()
+        torch.testing.assert_close(model.decoder.output_layer(features), expected)
+        tokens, lengths = left_padded_batch(dictionary, [[3, 4, 5], [6]])
+        model.train()
+        logits, _ = model(tokens, lengths, tokens)
+        optimizer.zero_grad()
+        logits.logsumexp(-1).sum().backward()
+        optimizer.step()
+        assert not torch.equal(model.encoder.embed_tokens.weight, table)  # the step moved the one table
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(share_decoder_input_output_embed=True),
+     "--share-decoder-input-output-embed ties the output layer to the decoder's embeddings (8 units), but "
+     "Eq. 3's output layer reads [h; c] (16 + 16 units): add --attention-mix"),
+    (dict(share_decoder_input_output_embed=True, attention_type="none"),
+     "--decoder-hidden-size (16) must equal --decoder-embed-dim (8)"),
+    (dict(share_all_embeddings=True, attention_mix=True, encoder_embed_dim=4),
+     "--share-all-embeddings needs --encoder-embed-dim (4) equal to --decoder-embed-dim (8)"),
+])
+def test_sharing_refuses_sizes_it_cannot_tie(dictionary, options, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        build_model(dictionary, **options)
+
+
+def test_sharing_all_embeddings_refuses_two_dictionaries(dictionary):
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=make_dictionary(13))
+    with pytest.raises(UserError, match=re.escape(
+            "--share-all-embeddings needs one dictionary for both languages, but this data has 16 source and "
+            "17 target symbols in different dictionaries: preprocess with fairseq-preprocess --joined-dictionary")):
+        MemAttnLSTMModel.build_model(make_args(share_all_embeddings=True, attention_mix=True), task)
+
+
+def test_untied_checkpoint_does_not_load_into_a_tied_model(dictionary):
+    """Loading two tables into one would keep the second and silently change the first."""
+    untied = build_model(dictionary, attention_mix=True, decoder_hidden_size=8).state_dict()
+    tied = build_model(dictionary, attention_mix=True, decoder_hidden_size=8, share_decoder_input_output_embed=True)
+    with pytest.raises(UserError, match=re.escape(
+            "checkpoint has share_decoder_input_output_embed=False but the model was built with "
+            "share_decoder_input_output_embed=True")):
+        tied.load_state_dict(untied)
+    tied.load_state_dict(tied.state_dict())

@@ -148,12 +148,15 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
     instead: the "attentional hidden state" of Luong et al. (2015), which
     google/seq2seq's decoder ("attention_mix") and fairseq's lstm have. Eq. 3's
     logits are a sum of a term in h_i and a term in c_i; the tanh layer lets the
-    decoder state decide what to take from the context.
+    decoder state decide what to take from the context. With
+    share_input_output_embed, W_o is the embedding table (Press & Wolf, 2017),
+    so the tanh layer has the embeddings' width.
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, attention,
                  encoder_final_state_dim, input_feeding=False, attention_mix=False,
-                 max_target_positions=DEFAULT_MAX_POSITIONS):
+                 max_target_positions=DEFAULT_MAX_POSITIONS, embed_tokens=None,
+                 share_input_output_embed=False):
         super().__init__(dictionary)
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -162,7 +165,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         context_dim = attention.context_dim
         self.input_feeding = input_feeding and context_dim > 0
 
-        self.embed_tokens = Embedding(dictionary, embed_dim)
+        self.embed_tokens = embed_tokens if embed_tokens is not None else Embedding(dictionary, embed_dim)
         self.dropout = nn.Dropout(dropout)
         # The decoder starts from the encoder's final states ("bridge").
         self.bridge = nn.Linear(encoder_final_state_dim, 2 * num_layers * hidden_size)
@@ -170,11 +173,15 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.lstm = LSTM(input_size, hidden_size, num_layers, batch_first=True,
                          dropout=dropout if num_layers > 1 else 0.0)
         if attention_mix and context_dim > 0:
-            self.attention_mix = nn.Linear(hidden_size + context_dim, hidden_size)
-            self.output_projection = nn.Linear(hidden_size, len(dictionary))
+            # Tied to the embeddings, the output layer reads embedding-sized vectors.
+            mixed_dim = embed_dim if share_input_output_embed else hidden_size
+            self.attention_mix = nn.Linear(hidden_size + context_dim, mixed_dim)
+            self.output_projection = nn.Linear(mixed_dim, len(dictionary))
         else:
             self.attention_mix = None
             self.output_projection = nn.Linear(hidden_size + context_dim, len(dictionary))  # Eq. 3
+        if share_input_output_embed:
+            self.output_projection.weight = self.embed_tokens.weight  # sizes checked by check_sharing
 
     @property
     def need_attn(self) -> bool:
@@ -307,6 +314,15 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
                             help="output layer softmax(W_o tanh(W_m [h; c])) instead of Eq. 3's "
                                  "softmax(W [h; c]): Luong et al.'s attentional hidden state, as in "
                                  "google/seq2seq (the paper's implementation) and fairseq's lstm")
+        parser.add_argument("--share-decoder-input-output-embed", action="store_true",
+                            help="tie the output layer's weights to the decoder's embeddings; needs "
+                                 "--attention-mix (its tanh layer then has --decoder-embed-dim units), "
+                                 "or with --attention-type none a --decoder-hidden-size equal to "
+                                 "--decoder-embed-dim")
+        parser.add_argument("--share-all-embeddings", action="store_true",
+                            help="one embedding table for the encoder, the decoder and the output layer "
+                                 "(implies --share-decoder-input-output-embed); needs a joined "
+                                 "dictionary and --encoder-embed-dim equal to --decoder-embed-dim")
         parser.add_argument("--attention-type", choices=ATTENTION_TYPES,
                             help="the decoder's attention: memory (the paper's fixed-size memory, "
                                  "Sec. 3), one over all encoder states (additive, general, dot, "
@@ -328,6 +344,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
             fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
         attention = build_attention(args, encoder_dim, args.decoder_hidden_size)
+        check_sharing(args, task, attention.context_dim)
         encoder = MemAttnEncoder(
             task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
             args.encoder_layers, args.dropout, attention,
@@ -338,6 +355,8 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
             args.decoder_layers, args.dropout, attention, encoder.final_state_dim,
             input_feeding=args.input_feeding, attention_mix=args.attention_mix,
             max_target_positions=args.max_target_positions,
+            embed_tokens=encoder.embed_tokens if args.share_all_embeddings else None,
+            share_input_output_embed=args.share_decoder_input_output_embed,
         )
         return cls(encoder, decoder)
 
@@ -381,6 +400,37 @@ def check_sizes(args):
         raise UserError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
 
 
+def check_sharing(args, task, context_dim):
+    """The sizes and dictionaries that --share-all-embeddings and
+    --share-decoder-input-output-embed need; the first implies the second, as in
+    fairseq's transformer."""
+    if args.share_all_embeddings:
+        if task.source_dictionary != task.target_dictionary:
+            raise UserError(
+                f"--share-all-embeddings needs one dictionary for both languages, but this data has "
+                f"{len(task.source_dictionary)} source and {len(task.target_dictionary)} target symbols "
+                f"in different dictionaries: preprocess with fairseq-preprocess --joined-dictionary, "
+                f"or share only --share-decoder-input-output-embed")
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            raise UserError(
+                f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
+                f"--decoder-embed-dim ({args.decoder_embed_dim})")
+        args.share_decoder_input_output_embed = True
+    if not args.share_decoder_input_output_embed:
+        return
+    flag = "--share-all-embeddings" if args.share_all_embeddings else "--share-decoder-input-output-embed"
+    if context_dim > 0 and not args.attention_mix:
+        raise UserError(
+            f"{flag} ties the output layer to the decoder's embeddings ({args.decoder_embed_dim} units), "
+            f"but Eq. 3's output layer reads [h; c] ({args.decoder_hidden_size} + {context_dim} units): "
+            f"add --attention-mix, whose tanh layer then gives it {args.decoder_embed_dim}")
+    if context_dim == 0 and args.decoder_hidden_size != args.decoder_embed_dim:
+        raise UserError(
+            f"{flag} ties the output layer to the decoder's embeddings, and without attention it reads "
+            f"the decoder's state: --decoder-hidden-size ({args.decoder_hidden_size}) must equal "
+            f"--decoder-embed-dim ({args.decoder_embed_dim})")
+
+
 @register_model_architecture("memattn_lstm", "lstm_memattn")
 def base_architecture(args):
     """The paper's copy-task setup (Sec. 4.1): 2x256 bi-LSTM encoder, 2x256
@@ -394,6 +444,8 @@ def base_architecture(args):
     args.dropout = getattr(args, "dropout", 0.2)
     args.input_feeding = getattr(args, "input_feeding", False)
     args.attention_mix = getattr(args, "attention_mix", False)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", False)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", False)
     args.attention_type = getattr(args, "attention_type", "memory")
     args.attention_dim = getattr(args, "attention_dim", None)
     memory_defaults(args, memory_k=32, position_encoding=False)
