@@ -103,6 +103,8 @@ MUTATIONS = {
     "read-reorder": (READS, "        saved = self.get_incremental_state(incremental_state, \"memory\")\n        if saved is None:",
                      "        saved = self.get_incremental_state(incremental_state, \"memory\")\n        if True:",
                      "the Transformer read's projected memory left in place when the beam search reorders"),
+    "untied-output": (LSTM, "            self.output_projection.weight = self.embed_tokens.weight",
+                      "            pass", "--share-decoder-input-output-embed leaves the output layer its own table"),
 }
 
 
