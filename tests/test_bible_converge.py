@@ -76,6 +76,7 @@ def test_run_then_report(driver_run):
         assert (results / model / "best" / "generate.test.txt.gz").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in table and "nc:6|nw:0" in table  # BLEU and chrF signatures
     assert table.startswith("# Bible en-fr at convergence: memory attention against its baseline, on one CPU")
+    assert_length_rows(table, converge.PAIR_MODELS)
     bundle, out = driver_run["bundle"], driver_run["archive"].parent
     assert f"python -m recipes.bible.converge run --bundle {bundle} --out {out}" in table
     for baseline in converge.PAIRS:
@@ -257,6 +258,14 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
     assert events[-len(models):] == [("test", model) for model in models]
 
 
+def assert_length_rows(table, models):
+    """Each model's test BLEU by source length, once, from the checkpoint its pair is compared on."""
+    section = table.split("## Test BLEU by source length")[1].split("\n## ")[0]
+    for model in models:
+        rows = re.findall(rf"^\| {model} \((?:best|average)\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", section, re.M)
+        assert len(rows) == 1, (model, section)
+
+
 @pytest.mark.slow
 def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe, tmp_path):
     from recipes.bible import converge_cpu
@@ -276,6 +285,7 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
     for label in ("transformer (the source)", "converted, before fine-tuning", "converted", "original"):
         assert sum(line.startswith(f"| {label} |") for line in table.splitlines()) == 1, label  # one fraction
     assert "fine-tuned (all parameters) for 20 % of N" in table
+    assert_length_rows(table, pair)
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
     logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in pair}
 
@@ -411,3 +421,6 @@ def test_repetition_and_bleu_by_length_of_outputs():
     references = ["the cat sat on the mat today", "a dog ran in the park this morning"]
     bands = lstm_gap.bleu_by_band(["the cat sat on the mat today", "nothing like it"], references, [5, 30])
     assert bands[(1, 20)] == (1, pytest.approx(100.0)) and bands[(21, 40)][1] < 10 and len(bands) == 2
+    table = lstm_gap.table({"model": ["the cat sat on the mat today", "nothing like it"]}, references, [5, 30])
+    cells = [re.split(r"(?<!\\)\|", line.strip("|")) for line in table.splitlines()]  # markdown's cells
+    assert {len(row) for row in cells} == {6} and cells[0][4].strip() == "BLEU, \\|S\\| 1-20 (1)"

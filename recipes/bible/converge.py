@@ -485,6 +485,24 @@ def lstm_gap_section(folder, runs, data, references):
     return lines + ["", f"Attention on validation example {PLOTTED_EXAMPLE}: `MODEL/attention_valid{PLOTTED_EXAMPLE}.png`.", ""]
 
 
+def length_section(folder, runs, data, references):
+    """The table.md section of each pair's test outputs by source length and their repetition
+    (lstm_gap.table), from the checkpoint the pair is compared on (REFERENCES: the test lines)."""
+    tables = []
+    for baseline, memory in PAIRS.items():
+        chosen = chosen_checkpoint(runs, baseline, memory)
+        paths = {m: os.path.join(folder, m, chosen, "hyp.test.fr") for m in (baseline, memory)}
+        if all(m in runs and os.path.isfile(path) for m, path in paths.items()):
+            outputs = {f"{m} ({chosen})": lstm_gap.read_lines(path) for m, path in paths.items()}
+            tables += [lstm_gap.table(outputs, references, lstm_gap.source_lengths(data, "test")), ""]
+    if not tables:
+        return []
+    return ["## Test BLEU by source length", "",
+            "Each pair on the checkpoint it is compared on, the test split cut by source length in BPE tokens "
+            "(EOS included; K = 64 memory rows); repeated trigrams: a trigram that already occurred in the "
+            "same hypothesis (`recipes.bible.lstm_gap`).", "", *tables]
+
+
 def conversion_rows(folder, runs, references):
     """(label, updates, fine-tuning updates, score) of what ``convert`` left in FOLDER/convert: the
     source (the transformer's best checkpoint), the converted model and each fine-tuned checkpoint;
@@ -628,6 +646,7 @@ def write_table(args, device, runs, references, converted=()):
              *run_commands(args.out, device),
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",
              *TABLE_HEADER, *rows, "", "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
+             *length_section(args.out, runs, args.data, references["test"]),
              *conversion_section(converted, CONVERT_FRACTIONS, "as fairseq-train logged it at that update"),
              *lstm_gap_section(args.out, runs, args.data, references["valid"])]
     tests = os.path.join(args.out, "cuda_tests.log")

@@ -235,6 +235,7 @@ def write_results(args, conversion_rows=()):
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
+    lines += converge.length_section(stage_dir(args), runs, args.data, references["test"])
     lines += converge.lstm_gap_section(stage_dir(args), runs, args.data, references["valid"])
     lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:

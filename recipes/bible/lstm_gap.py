@@ -119,7 +119,7 @@ def table(outputs, references, source_lengths):
     counts = {band: sum(band[0] <= n <= band[1] for n in source_lengths) for band in bands}
     names = [f"{low}-{high}" if high < 10_000 else f">{low - 1}" for low, high in bands]
     lines = ["| output | repeated trigrams % | lines with one % | BLEU | "
-             + " | ".join(f"BLEU, |S| {name} ({counts[band]})" for name, band in zip(names, bands)) + " |",
+             + " | ".join(f"BLEU, \\|S\\| {name} ({counts[band]})" for name, band in zip(names, bands)) + " |",
              "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in bands) + " |"]
     for label, hypotheses in outputs.items():
         if len(hypotheses) != len(references):
