@@ -40,6 +40,14 @@ def _tied(state, first: str, second: str):
     return state[first].shape == state[second].shape and bool(torch.equal(state[first], state[second]))
 
 
+def shared_tables(state) -> Dict[str, object]:
+    """The embedding options that tie tables, read back from a state dict: loading two tables into
+    one would keep the second."""
+    return {"share_decoder_input_output_embed": _tied(state, "decoder.output_projection.weight",
+                                                      "decoder.embed_tokens.weight"),
+            "share_all_embeddings": _tied(state, "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")}
+
+
 def _attention_type(parameter_names, has_context) -> str:
     """The LSTM's --attention-type values whose attention has exactly these parameters
     and gives the output layer a context (has_context) or not; "dot/scaled_dot"
@@ -83,8 +91,7 @@ def lstm_shape_options(state) -> Dict[str, object]:
         # The previous context is concatenated to the decoder's embeddings.
         "input_feeding": None if None in (embed_dim, lstm_input) else lstm_input > embed_dim,
         "attention_mix": mix,
-        "share_decoder_input_output_embed": _tied(state, "decoder.output_projection.weight", "decoder.embed_tokens.weight"),
-        "share_all_embeddings": _tied(state, "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"),
+        **shared_tables(state),
         "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
         "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
     }
@@ -109,6 +116,7 @@ def transformer_shape_options(state) -> Dict[str, object]:
         "memory_position_window": "encoder.writers.0.window_log_width" in state if writers else None,
         "memory_per_layer": writers > 1 if writers else None,
         "memory_read": "mix" if any(".encoder_attn.W_beta." in name for name in state) else "attention",
+        **shared_tables(state),
         "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
         "decoder_embed_dim": _dim(state, "decoder.embed_tokens.weight", 1),
         "encoder_layers": _count(state, "encoder.layers"),

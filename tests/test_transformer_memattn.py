@@ -20,6 +20,7 @@ from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
 from test_numerics import assert_close_to, logits_and_gradients
 
+from fairseq_memattn.errors import UserError
 from fairseq_memattn.hub import attention_returned
 from fairseq_memattn.modules import beam_sharing
 from fairseq_memattn.models.transformer_memattn import (
@@ -615,3 +616,15 @@ def test_bad_option_is_reported_before_training(tmp_path, option, value, message
                  "--cpu", "--save-dir", str(tmp_path), check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("option", ["share_decoder_input_output_embed", "share_all_embeddings"])
+def test_untied_checkpoint_does_not_load_into_a_tied_transformer(dictionary, option):
+    """fairseq's own transformer would keep the second of the two tables and decode with it."""
+    untied = build_transformer(dictionary).state_dict()
+    tied = build_transformer(dictionary, **{option: True})
+    with pytest.raises(UserError, match=re.escape(f"checkpoint has {option}=False but the model was built with "
+                                                  f"{option}=True")):
+        tied.load_state_dict(untied)
+    build_transformer(dictionary).load_state_dict(untied)
+    tied.load_state_dict(build_transformer(dictionary, seed=1, **{option: True}).state_dict())
