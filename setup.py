@@ -27,7 +27,7 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     packages=find_packages(include=["fairseq_memattn", "fairseq_memattn.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     # torch is not pinned here: install the build you want first (CPU or CUDA).
     # fairseq is not listed either, so that pip never replaces your own fairseq
     # checkout; choose a distribution explicitly (see README, "Which fairseq").

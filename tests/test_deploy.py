@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -23,7 +24,7 @@ from conftest import REPO, clean_env
 
 pytest.importorskip("onnxruntime", reason="the translator needs the optional extra 'deploy' (onnxruntime)")
 
-from fairseq_memattn.deploy import TextCodec, Translator  # noqa: E402
+from fairseq_memattn.deploy import SourceError, TextCodec, Translator  # noqa: E402
 from test_export import trained  # noqa: E402,F401  (the session's trained and exported models)
 
 # Python run with torch and fairseq unimportable, as in an install of the runtime alone.
@@ -106,6 +107,31 @@ def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error
         result.stderr[-2000:]
 
 
+def test_scores_are_printed_in_base_2_as_fairseq_interactive_prints_them(capsys):
+    """fairseq divides its float32 tensors by ln 2 (in float32) and prints them; in float64 the
+    H- score differs in its last digits."""
+    import argparse
+    import math
+
+    import numpy as np
+    import torch
+
+    from fairseq_memattn.cli.translate import print_hypotheses
+
+    class Codec:
+        def target(self, tokens):
+            return "pieces", "text"
+
+    positional = np.array([-2.1425821781158447, -0.00012345, -7.76543], np.float32)
+    hypotheses = [{"tokens": [4, 2], "score": float(positional[0]), "positional_scores": positional}]
+    print_hypotheses(0, "source", hypotheses, Codec(), argparse.Namespace(plain=False, nbest=1, print_alignment=False))
+    score = torch.tensor(positional[0]) / math.log(2)  # fairseq-interactive's lines
+    expected = ["S-0\tsource", f"H-0\t{score}\tpieces", f"D-0\t{score}\ttext",
+                "P-0\t" + " ".join(map("{:.4f}".format, torch.from_numpy(positional).div_(math.log(2)).tolist()))]
+    assert capsys.readouterr().out.splitlines() == expected
+    assert expected[1] == "H-0\t-3.091092586517334\tpieces"
+
+
 def alone(translator, line, **options):
     """The CLI's H- lines for ``line`` translated by itself: (pieces, base-2 score) pairs."""
     codec = TextCodec(translator.src_dict, translator.tgt_dict)
@@ -154,6 +180,20 @@ def test_cli_streams_skips_bad_lines_and_translates_each_line_alone(trained):
         got = h_lines(stdout, index)
         assert [pieces for pieces, _ in got] == [pieces for pieces, _ in expected], (index, stdout)
         assert [score for _, score in got] == pytest.approx([s / 0.6931471805599453 for _, s in expected], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_source_holding_the_padding_symbol_is_refused(trained):
+    """A word "<pad>" is the padding id, by which a batch's padding is told from its tokens: beside
+    a source padded on its left it took the source's first token away."""
+    translator = Translator(str(trained("attention")[1]), threads=1)
+    codec = TextCodec(translator.src_dict, translator.tgt_dict)
+    message = "token 2 is the padding symbol '<pad>', which is not a word: remove it"
+    with pytest.raises(SourceError, match=re.escape(f"source 1: {message}")):
+        translator.translate_ids([codec.source("3 1 2 4")[1], codec.source("3 <pad> 1")[1]])
+    result = run_cli(trained("attention")[1], "--buffer-size", "2", stdin="3 1 2 4\n3 <pad> 1\n")
+    assert result.returncode == 1 and f"{PROG}: line 2: {message}; skipped" in result.stderr.splitlines()
+    assert h_lines(result.stdout, 0) and not h_lines(result.stdout, 1)
 
 
 @pytest.mark.slow
@@ -305,6 +345,13 @@ def test_cli_names_the_broken_file_in_one_line(trained, tmp_path):
         "short-rows-over-k": (edit_config(short_source_rows=5), "config.json: short_source_rows is 5, expected an "
                                                                  "integer from 1 to memory_k (4)"),
         "new-version": (edit_config(format_version=99), "config.json: format_version 99, this translator reads"),
+        "state-from-a-list": (edit_config(decoder_state=[{"name": "state_h", "from": ["initial_h"]}]),
+                              "config.json: decoder_state is [{'name': 'state_h', 'from': ['initial_h']}], expected "
+                              "a list of {'name', and 'from' (an encoder output's name) or 'zeros'"),
+        "state-zeros-a-number": (edit_config(decoder_state=[{"name": "state_h", "zeros": 5}]),
+                                 "config.json: decoder_state is [{'name': 'state_h', 'zeros': 5}], expected"),
+        "symbols-a-string": (edit_config(source_symbols="14"), "config.json: source_symbols is '14', expected an "
+                                                               "integer >= 4"),
         "not-json": (lambda f: (f / "config.json").write_text("{"), "config.json: not readable as JSON"),
         "no-dictionary": (lambda f: (f / "dict.target.txt").unlink(), "dict.target.txt"),
     }
@@ -460,7 +507,9 @@ def test_a_bom_and_cr_or_crlf_line_ends_are_read_as_lines(trained):
     ("translate", ["--threads", "100000"], "invalid --threads: 100000 (must be between 1 and "),
     ("translate", ["--workers", "0"], "invalid --workers: 0 (must be >= 1)"),
     ("translate", ["--max-tokens", "0"], "invalid --max-tokens: 0 (must be >= 1)"),
-    ("translate", ["--buffer-size", "0"], "invalid --buffer-size: 0 (must be >= 1)"),
+    ("translate", ["--buffer-size", "0"], "invalid --buffer-size: 0 (must be between 1 and 9223372036854775807)"),
+    ("translate", ["--buffer-size", str(2 ** 63)],
+     "invalid --buffer-size: 9223372036854775808 (must be between 1 and 9223372036854775807)"),
     ("translate", ["--batch-size", "0"], "invalid --batch-size: 0 (must be >= 1)"),
     ("serve", ["--lenpen=-inf"], "invalid --lenpen: -inf (must be a finite number)"),
     ("serve", ["--max-len-a", "nan"], "invalid --max-len-a: nan (must be a finite number)"),

@@ -6,7 +6,8 @@ import math
 import os
 import sys
 
-from .deploy_options import add_model_options, add_search_options, check_options, check_positive, load, search_options
+from .deploy_options import (add_model_options, add_search_options, check_options, check_positive, check_range,
+                             load, search_options)
 
 PROG = "fairseq-memattn-translate"
 BOM = b"\xef\xbb\xbf"
@@ -42,7 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--plain", action="store_true", help="print only the best detokenized hypothesis per line")
     args = p.parse_args(argv)
     check_options(p, args)
-    check_positive(p, args, "nbest", "batch_size", "buffer_size")
+    check_positive(p, args, "nbest", "batch_size")
+    check_range(p, args, "buffer_size", 1, sys.maxsize)  # lines are read with itertools.islice
     if args.nbest > args.beam:
         p.error(f"invalid --nbest: {args.nbest} (must be <= --beam {args.beam})")
     if args.input != "-" and (not os.path.exists(args.input) or os.path.isdir(args.input)):  # a pipe will do
@@ -82,7 +84,11 @@ def decode_line(raw: bytes):
 
 
 def print_hypotheses(index: int, shown_source: str, hypotheses, codec, args) -> None:
-    """fairseq-interactive's lines for one source; scores in base 2, as fairseq prints them."""
+    """fairseq-interactive's lines for one source; scores in base 2, as fairseq prints them: divided
+    by ln 2 in float32, as fairseq divides its tensors."""
+    import numpy as np
+
+    ln2 = np.float32(math.log(2))
     if not args.plain:
         print(f"S-{index}\t{shown_source}")
     for hypothesis in hypotheses[: args.nbest]:
@@ -90,10 +96,11 @@ def print_hypotheses(index: int, shown_source: str, hypotheses, codec, args) -> 
         if args.plain:
             print(text)
             return
-        score = hypothesis["score"] / math.log(2)
+        score = float(np.float32(hypothesis["score"]) / ln2)
         print(f"H-{index}\t{score}\t{pieces}")
         print(f"D-{index}\t{score}\t{text}")
-        print(f"P-{index}\t" + " ".join(f"{s / math.log(2):.4f}" for s in hypothesis["positional_scores"]))
+        positional = np.asarray(hypothesis["positional_scores"], np.float32) / ln2
+        print(f"P-{index}\t" + " ".join(f"{s:.4f}" for s in positional.tolist()))
         if args.print_alignment:
             print(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in hypothesis["alignment"]))
 

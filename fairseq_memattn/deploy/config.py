@@ -70,9 +70,14 @@ def check_types(config: dict, path: str) -> None:
         raise ModelFolderError(f"{path}: memory_outputs is {names!r}, expected a list of graph output names")
     state = config["decoder_state"]
     if not isinstance(state, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
-                                              and ("from" in e or "zeros" in e) for e in state):
-        raise ModelFolderError(f"{path}: decoder_state is {state!r}, expected a list of "
-                               "{'name', 'from' or 'zeros'} entries")
+                                              and (isinstance(e["from"], str) if "from" in e else
+                                                   is_shape(e.get("zeros"))) for e in state):
+        raise ModelFolderError(f"{path}: decoder_state is {state!r}, expected a list of {{'name', and 'from' "
+                               "(an encoder output's name) or 'zeros' (a list of dimensions)}} entries")
+    exported = config.get("source_symbols")
+    if exported is not None and (not isinstance(exported, int) or isinstance(exported, bool) or exported < 4):
+        raise ModelFolderError(f"{path}: source_symbols is {exported!r}, expected an integer >= 4 (the source "
+                               "dictionary's size, its four special symbols included)")
     short = config.get("short_source_rows")
     if short is not None and (not isinstance(short, int) or isinstance(short, bool)
                               or not 1 <= short <= config["memory_k"]):
@@ -88,6 +93,11 @@ def check_types(config: dict, path: str) -> None:
             for layer in layers)):
         raise ModelFolderError(f"{path}: self_attention_cache is {layers!r}, expected a list of "
                                "{'heads', 'head_dim'} entries")
+
+
+def is_shape(value) -> bool:
+    """A list of dimensions (integers >= 1)."""
+    return isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value)
 
 
 def check_symbols(config: dict, path: str, source_symbols: int, target_symbols: int) -> None:

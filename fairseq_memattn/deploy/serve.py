@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import threading
+import zlib
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -30,10 +31,10 @@ requests are bounded by --queue-size: beyond it a request gets 503 at once, with
 Every error has a JSON body {"error": "..."}: a malformed request 400, a source longer than the
 model or --max-tokens 413, an unknown path 404, another method 405, a request not answered within
 --timeout-s 504 (its work dropped if not started), a batch whose decoding fails 500 (the error
-logged with its traceback; the server goes on). A client that disconnects has its queued work
-dropped; a connection idle, or sending partial headers, for --idle-timeout-s is closed. A request
-aiohttp cannot parse (a malformed request line or header, an unsupported Content-Encoding) gets
-aiohttp's own 400 in plain text, and at most one warning line in the log.
+logged with its traceback; the server goes on), a Content-Encoding other than gzip, deflate or
+identity 415. A client that disconnects has its queued work dropped; a connection idle, or sending
+partial headers, for --idle-timeout-s is closed. A request aiohttp cannot parse (a malformed
+request line or header) gets aiohttp's own 400 in plain text, and at most one warning line in the log.
 """
 
 REQUEST_FIELDS = {"text", "beam", "nbest", "alignment"}
@@ -80,16 +81,59 @@ def protocol_error(error: BaseException):
     return " ".join(error.message.split()) if error is not None else None
 
 
+# zlib's window bits for each Content-Encoding the server decodes (identity aside)
+CONTENT_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decoded(body: bytes, content_encoding: str, limit: int) -> bytes:
+    """The body before its Content-Encoding (codings applied in the order listed), at most ``limit``
+    bytes; RequestError (400, 413, 415) where it cannot be. The server decodes bodies itself:
+    aiohttp's decoder leaves a request waiting until its deadline for a deflate stream cut short."""
+    codings = [coding.strip().lower() for coding in content_encoding.split(",")]
+    for coding in reversed([c for c in codings if c not in ("", "identity")]):
+        if coding not in CONTENT_CODINGS:
+            raise RequestError(415, f"Content-Encoding {coding!r} is not supported (supported: gzip, deflate, "
+                                    f"identity)")
+        body = inflate(body, coding, limit)
+    return body
+
+
+def inflate(body: bytes, coding: str, limit: int) -> bytes:
+    """One coding undone: gzip (one member after another), or deflate (zlib's format, or raw
+    deflate without its header, which some clients send as deflate)."""
+    wbits = CONTENT_CODINGS[coding]
+    if coding == "deflate" and body and body[0] & 0x0F != 8:  # no zlib header: raw deflate
+        wbits = -zlib.MAX_WBITS
+    out = b""
+    while True:
+        stream = zlib.decompressobj(wbits)
+        try:
+            out += stream.decompress(body, limit + 1 - len(out))  # at least 1: 0 would mean no limit
+        except zlib.error as error:
+            raise RequestError(400, f"the body is not valid {coding} ({error})") from None
+        if len(out) > limit:
+            raise RequestError(413, f"the body, decoded from {coding}, is larger than the server's {limit} bytes")
+        if not stream.eof:
+            raise RequestError(400, f"the body's {coding} stream is cut short")
+        body = stream.unused_data
+        if not body or wbits != CONTENT_CODINGS["gzip"]:
+            break
+    if body:
+        raise RequestError(400, f"the body has {len(body)} bytes after its {coding} stream")
+    return out
+
+
 async def read_json(request: web.Request):
-    """The request's body as JSON; RequestError (400, 413) where it is not."""
+    """The request's body as JSON; RequestError (400, 413, 415) where it is not."""
     try:
-        raw = await request.read()
+        raw = await request.read()  # as sent: runner_settings turns aiohttp's decoding off
     except web.HTTPRequestEntityTooLarge:
         raise RequestError(413, f"the body is larger than the server's {request.client_max_size} bytes") from None
     except ConnectionError:  # the client went away mid-body: an answer nobody reads, and no log
         raise RequestError(400, "the connection closed before the body's end") from None
-    except Exception as error:  # aiohttp's errors of a body it cannot decode (Content-Encoding)
+    except Exception as error:  # aiohttp's errors of a body it cannot read
         raise RequestError(400, f"the body cannot be read ({protocol_error(error) or error})") from None
+    raw = decoded(raw, request.headers.get("Content-Encoding", ""), request.client_max_size)
     try:
         return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
@@ -230,12 +274,13 @@ def runner_settings(idle_timeout: float = IDLE_TIMEOUT_S, access_log: bool = Fal
     """aiohttp's server settings: a handler is cancelled when its client disconnects (so its queued
     work is dropped), a connection without a complete request for ``idle_timeout`` seconds is
     closed (aiohttp's keep-alive timeout runs from the connection's start, so partial headers
-    count; it has no separate header timeout), one access line per request only with
+    count; it has no separate header timeout), bodies read as sent (``decoded`` undoes their
+    Content-Encoding), one access line per request only with
     ``access_log``, and a request aiohttp cannot read logged in one line (ClientErrorsInOneLine)."""
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, ClientErrorsInOneLine) for f in server_log.filters):
         server_log.addFilter(ClientErrorsInOneLine())
-    settings = {"handler_cancellation": True, "keepalive_timeout": idle_timeout}
+    settings = {"handler_cancellation": True, "keepalive_timeout": idle_timeout, "auto_decompress": False}
     if not access_log:
         settings["access_log"] = None
     return settings

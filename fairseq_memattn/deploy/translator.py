@@ -84,7 +84,12 @@ class Translator:
     def check_source(self, source: List[int], max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                      max_tokens: Optional[int] = None) -> None:
         """Raises SourceTooLong or SourceError for a source (token ids ending in EOS) these limits
-        cannot translate."""
+        cannot translate, or that holds the padding symbol."""
+        pad = self.config["source_pad"]
+        padding = [position for position, token in enumerate(source, start=1) if token == pad]
+        if padding:  # the batches' padding is told from the tokens by this id
+            raise SourceError(f"token {padding[0]} is the padding symbol {self.src_dict.symbols[pad]!r}, "
+                              f"which is not a word: remove it")
         limit = self.config["max_source_positions"]
         if len(source) > limit:
             raise SourceTooLong(f"{len(source)} tokens (EOS included), more than the model's maximum of {limit}")
