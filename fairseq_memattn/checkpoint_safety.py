@@ -39,13 +39,14 @@ _NUMPY_SCALAR_TYPES = (np.float16, np.float32, np.float64, np.int8, np.int16, np
 def fairseq_checkpoint_globals():
     """The types a fairseq checkpoint may pickle besides tensors and containers."""
     multiarray = (getattr(np, "_core", None) or np.core).multiarray  # numpy 2 renamed np.core
+    # a scalar pickles as scalar(dtype, bytes), an array as _reconstruct(ndarray, ...) and then its
+    # dtype and bytes; numpy 1 wrote the module as numpy.core, numpy 2 as numpy._core
+    by_both_names = [(function, f"{module}.multiarray.{function.__name__}")
+                     for function in (multiarray.scalar, multiarray._reconstruct)
+                     for module in ("numpy.core", "numpy._core")]
     return [
         argparse.Namespace,
-        multiarray.scalar,
-        # an array pickles as _reconstruct(ndarray, ...) and then sets its dtype and bytes;
-        # numpy 1 wrote the module as numpy.core, numpy 2 as numpy._core
-        (multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-        (multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+        *by_both_names,
         np.ndarray,
         np.dtype,
         *(type(np.dtype(t)) for t in _NUMPY_SCALAR_TYPES),

@@ -136,10 +136,12 @@ def check_only_write_is_new(source_state: dict, target_state: dict) -> List[str]
 def carried_optimizer_state(state: Optional[dict], source_names: List[str],
                             target_names: List[str]) -> Optional[dict]:
     """The source's optimizer state for the target's parameters: the moments of
-    every kept parameter, none (a fresh start) for the write. Only for a plain
-    torch-style state with one entry per parameter (fairseq's adam, sgd, ...);
-    otherwise None, and fine-tuning starts the optimizer afresh."""
-    if not state or set(state) != {"state", "param_groups"} or len(state["param_groups"]) != 1:
+    every kept parameter, none (a fresh start) for the write, and what else the
+    state holds (the loss scale of --fp16 with --fp16-no-flatten-grads, of
+    --memory-efficient-fp16 and --amp). Only for a torch-style state with one entry
+    per parameter (fairseq's adam, sgd, ...); otherwise (--fp16's flattened
+    parameters) None."""
+    if not state or not {"state", "param_groups"} <= set(state) or len(state["param_groups"]) != 1:
         return None
     group = state["param_groups"][0]
     if len(group["params"]) != len(source_names):
@@ -147,7 +149,7 @@ def carried_optimizer_state(state: Optional[dict], source_names: List[str],
     old_id = dict(zip(source_names, group["params"]))
     moments = {index: state["state"][old_id[name]] for index, name in enumerate(target_names)
                if name in old_id and old_id[name] in state["state"]}
-    return {"state": moments, "param_groups": [dict(group, params=list(range(len(target_names))))]}
+    return {**state, "state": moments, "param_groups": [dict(group, params=list(range(len(target_names))))]}
 
 
 def convert_model(state: dict, memory_options: Dict[str, object], path: str = "checkpoint"):
@@ -194,8 +196,10 @@ def converted_checkpoint(state: dict, source, target, args: argparse.Namespace) 
     converted["last_optimizer_state"] = carried_optimizer_state(
         state.get("last_optimizer_state"), trainable_names(source), trainable_names(target))
     if converted["last_optimizer_state"] is None and state.get("last_optimizer_state"):
-        logger.warning("the optimizer state is not carried over (not one entry per parameter): "
-                       "fine-tune with --reset-optimizer")
+        logger.warning("the optimizer state is not carried over (not one entry per parameter, as with --fp16's "
+                       "flattened parameters): fairseq-train restarts the update count and the learning-rate "
+                       "schedule, so fine-tune with --reset-optimizer and count --max-update and --warmup-updates "
+                       "from 0")
     extra = state.get("extra_state") or {}
     converted["extra_state"] = {key: value for key, value in extra.items() if key not in SOURCE_ONLY_STATE}
     return converted
@@ -223,6 +227,9 @@ def save_checkpoint(state: dict, path: str) -> None:
 def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: Optional[str] = None,
             force: bool = False) -> None:
     """Write the conversion of ``checkpoint`` to ``out``."""
+    if os.path.isdir(out):
+        raise ConvertError(f"{out} is a folder: give the converted checkpoint's file, e.g. "
+                           f"{os.path.join(out, 'converted.pt')}")
     if os.path.exists(out) and not force:
         raise ConvertError(f"{out} exists: pass --force to replace it")
     save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)

@@ -86,6 +86,19 @@ def test_every_transformer_weight_is_kept_and_only_the_write_is_new(toy):
     assert len(converted["last_optimizer_state"]["state"]) == len(original["last_optimizer_state"]["state"])
 
 
+def test_optimizer_state_is_carried_by_parameter_with_its_loss_scale():
+    """Each kept parameter's moments move to its index in the memory model, the write's start
+    fresh, and the loss scale of --amp or --memory-efficient-fp16 comes along; --fp16's one flat
+    entry for all parameters cannot be split."""
+    moments = {0: {"exp_avg": torch.ones(2)}, 1: {"exp_avg": torch.zeros(3)}}
+    state = {"state": moments, "param_groups": [{"params": [0, 1], "lr": 0.1}], "loss_scale": 128.0}
+    carried = convert.carried_optimizer_state(state, ["a", "b"], ["a", "writer", "b"])
+    assert carried == {"state": {0: moments[0], 2: moments[1]}, "param_groups": [{"params": [0, 1, 2], "lr": 0.1}],
+                       "loss_scale": 128.0}
+    flat = {"state": {0: {"exp_avg": torch.ones(5)}}, "param_groups": [{"params": [0]}], "loss_scale": 128.0}
+    assert convert.carried_optimizer_state(flat, ["a", "b"], ["a", "writer", "b"]) is None
+
+
 def test_converts_a_checkpoint_that_holds_args_not_cfg(toy, tmp_path):
     """fairseq's models published before its dataclass configs (its WMT'14-'19 transformers) hold
     their options as a Namespace under "args"; fairseq's loader makes the cfg from it."""
@@ -207,7 +220,10 @@ def test_refusals_are_one_line(toy, tmp_path, capsys, name):
 def test_refuses_a_converted_model_and_an_existing_out(toy, tmp_path, capsys):
     for argv, message in (([str(toy["converted"]), str(tmp_path / "again.pt")], "already a memory attention model"),
                           ([str(toy["transformer"]), str(toy["converted"])], "exists: pass --force"),
-                          ([str(toy["transformer"]), str(tmp_path / "no_k.pt")], "required: --memory-k")):
+                          ([str(toy["transformer"]), str(tmp_path / "no_k.pt")], "required: --memory-k"),
+                          ([str(toy["transformer"]), str(tmp_path), "--force"],
+                           f"{tmp_path} is a folder: give the converted checkpoint's file, e.g. "
+                           f"{tmp_path / 'converted.pt'}")):
         with pytest.raises(SystemExit) as stopped:
             convert_cli.main(argv + (["--memory-k", "4"] if "no_k" not in argv[1] else []))
         assert stopped.value.code == 2

@@ -370,3 +370,23 @@ def test_uneven_line_counts_fail_when_the_data_is_loaded(bad_data):
 def test_missing_data_directory(bad_data):
     assert re.fullmatch(r"FileNotFoundError: \[Errno 2\] No such file or directory: '\S+/missing'",
                         final_error(bad_data["missing data-bin"]))
+
+
+@pytest.mark.parametrize("numpy_module", ["numpy.core", "numpy._core"])
+def test_numpy_values_load_whichever_numpy_saved_them(tmp_path, numpy_module):
+    """numpy 1 pickles its scalars and arrays from numpy.core, numpy 2 from numpy._core: a
+    checkpoint of either loads under weights_only (here a BLEU kept as a numpy float, and counts)."""
+    import numpy as np
+
+    from fairseq_memattn.checkpoint_safety import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    saved = {"best": np.float64(12.5), "counts": np.arange(4, dtype=np.int64)}
+    path = tmp_path / "checkpoint.pt"
+    torch.save(saved, path, _use_new_zipfile_serialization=False)  # one plain pickle: its module names rewritable
+    written = path.read_bytes()
+    assert written.count(b"numpy._core.multiarray") == 2 or written.count(b"numpy.core.multiarray") == 2
+    path.write_bytes(written.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+                     .replace(b"numpy.core.multiarray", numpy_module.encode() + b".multiarray"))
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["best"] == 12.5 and loaded["counts"].tolist() == [0, 1, 2, 3]
