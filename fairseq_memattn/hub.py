@@ -57,8 +57,7 @@ class MemAttnHubModel:
             missing = unusable_data(error)
             if missing is None:
                 raise
-            raise UserError(f"{data} holds {missing}: give data_name_or_path=, the data-bin folder the model was "
-                            f"trained on") from None
+            raise UserError(f"{data} holds {missing}") from None
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
@@ -79,12 +78,15 @@ def check_paths(model_name_or_path, checkpoint_file: str, data_name_or_path: str
 
 
 def unusable_data(error: Exception):
-    """What the data folder lacks, where fairseq's translation task stopped on it; else None."""
+    """What the data folder lacks, and what to give, where fairseq's translation task stopped on it;
+    else None."""
+    data_bin = "give data_name_or_path=, the data-bin folder the model was trained on"
     if str(error) == NO_LANGUAGE_PAIR:
-        return "no fairseq-preprocess output to tell the language pair from"
+        return (f"no fairseq-preprocess output to tell the language pair from: {data_bin}, or source_lang= "
+                f"and target_lang= with its dictionaries")
     name = os.path.basename(str(getattr(error, "filename", None) or ""))
     if isinstance(error, FileNotFoundError) and name.startswith("dict."):
-        return f"no {name}"
+        return f"no {name}: {data_bin}"
     return None
 
 

@@ -515,6 +515,14 @@ def test_position_max_len_without_position_encodings_is_reported(dictionary, cap
     assert "ignored" not in caplog.text
 
 
+def test_a_read_score_without_the_mix_read_is_reported(dictionary, caplog):
+    build_transformer(dictionary, memory_decoder_score="sigmoid")
+    assert "--memory-decoder-score sigmoid is ignored: the attention read weighs the rows by attention" in caplog.text
+    caplog.clear()
+    build_transformer(dictionary, memory_read="mix", memory_decoder_score="sigmoid")
+    assert "ignored" not in caplog.text
+
+
 def test_sources_beyond_position_encodings_are_filtered_by_fairseq(dictionary):
     model = build_transformer(dictionary, memory_position_max_len=7, max_source_positions=20)
     assert model.max_positions()[0] == 7

@@ -161,6 +161,9 @@ def check_memory_options(args):
     if args.no_cross_attention:
         raise UserError("--no-cross-attention removes the decoder's only access to the source "
                          "memory; use fairseq's own transformer for that")
+    if args.memory_read == "attention" and args.memory_decoder_score != "softmax":
+        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} is ignored: the attention read "
+                       f"weighs the rows by attention, not by Eq. 7's score (that is --memory-read mix)")
 
 
 @register_model_architecture("memattn_transformer", "transformer_memattn")
