@@ -79,7 +79,8 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
             prefix = f"{name}.writers.{index}."
             if (writer.window_log_width is not None and prefix + "W_alpha.weight" in state_dict
                     and prefix + "window_log_width" not in state_dict):
-                logger.info(f"{prefix}window_log_width is not in the checkpoint: it was trained "
-                            f"without --memory-position-window, and is loaded without it")
+                logger.warning(f"{prefix}window_log_width is not in the checkpoint: it was trained without "
+                               f"--memory-position-window, and is loaded without it (training it on goes on "
+                               f"without the window, whatever the command line says)")
                 writer.window_log_width = None
         return super().upgrade_state_dict_named(state_dict, name)
