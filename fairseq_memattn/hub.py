@@ -102,15 +102,17 @@ def not_a_model_folder(path: str, checkpoint_file: str) -> UserError:
 
 @contextlib.contextmanager
 def attention_returned(models):
-    """The decoders return their attention (as with --print-alignment) inside the block."""
-    saved = [m.alignment_switch.alignment_request for m in models]
+    """Our decoders return their attention (as with --print-alignment) inside the block; fairseq's
+    own models (a plain transformer loaded through our hub class) return theirs as fairseq does."""
+    switches = [m.alignment_switch for m in models if isinstance(m, MemAttnHubModel)]
+    saved = [switch.alignment_request for switch in switches]
     try:
-        for model in models:
-            model.alignment_switch.alignment_request = True
+        for switch in switches:
+            switch.alignment_request = True
         yield
     finally:
-        for model, request in zip(models, saved):
-            model.alignment_switch.alignment_request = request
+        for switch, request in zip(switches, saved):
+            switch.alignment_request = request
 
 
 class MemAttnHubInterface(GeneratorHubInterface):

@@ -259,6 +259,14 @@ def test_fairseq_generate_and_the_hub_load_the_converted_model(toy):
     assert isinstance(hub.translate("The dog sees the house."), str)
     assert type(hub.models[0]).__name__ == "MemAttnTransformerModel"
 
+    from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
+
+    for checkpoint in (toy["converted"], toy["transformer"]):  # the plain transformer too, with fairseq's alignments
+        hub = MemAttnTransformerModel.from_pretrained(str(checkpoint.parent), checkpoint_file=checkpoint.name,
+                                                      data_name_or_path=data_bin)
+        best = hub.generate(hub.encode("4 5 6"), beam=2, print_alignment="hard")[0]
+        assert best["alignment"] is not None, checkpoint
+
 
 @pytest.mark.slow
 def test_the_export_loads_the_converted_model(toy, tmp_path):
