@@ -515,6 +515,18 @@ def test_position_max_len_without_position_encodings_is_reported(dictionary, cap
     assert "ignored" not in caplog.text
 
 
+def test_training_the_write_alone_refuses_fairseqs_fp16_optimizer(dictionary):
+    """fairseq's FP16Optimizer gives a dropped gradient to its fp32 copy as zeros (flattened or not),
+    which Adam's moments and weight decay still turn into steps."""
+    for precision in ("fp16", "bf16"):
+        with pytest.raises(UserError, match=re.escape("use --memory-efficient-fp16 (or --memory-efficient-bf16, "
+                                                      "or --amp)")):
+            build_transformer(dictionary, memory_train_write_only=True, **{precision: True})
+    for fits in (dict(fp16=True, memory_efficient_fp16=True), dict(bf16=True, memory_efficient_bf16=True),
+                 dict(amp=True), dict(fp16=True, memory_train_write_only=False)):
+        build_transformer(dictionary, **{"memory_train_write_only": True, **fits})
+
+
 def test_a_read_score_without_the_mix_read_is_reported(dictionary, caplog):
     build_transformer(dictionary, memory_decoder_score="sigmoid")
     assert "--memory-decoder-score sigmoid is ignored: the attention read weighs the rows by attention" in caplog.text

@@ -161,6 +161,13 @@ def check_memory_options(args):
     if args.no_cross_attention:
         raise UserError("--no-cross-attention removes the decoder's only access to the source "
                          "memory; use fairseq's own transformer for that")
+    fp32_copies = ((getattr(args, "fp16", False) or getattr(args, "bf16", False))  # fairseq's FP16Optimizer
+                   and not (getattr(args, "memory_efficient_fp16", False) or getattr(args, "memory_efficient_bf16", False)))
+    if getattr(args, "memory_train_write_only", False) and fp32_copies:
+        raise UserError("--memory-train-write-only drops the other parameters' gradients, but fairseq's optimizer "
+                        "for --fp16 and --bf16 gives a dropped gradient as zeros, which the optimizer's moments and "
+                        "weight decay still turn into steps: use --memory-efficient-fp16 (or "
+                        "--memory-efficient-bf16, or --amp)")
     if args.memory_read == "attention" and args.memory_decoder_score != "softmax":
         logger.warning(f"--memory-decoder-score {args.memory_decoder_score} is ignored: the attention read "
                        f"weighs the rows by attention, not by Eq. 7's score (that is --memory-read mix)")
