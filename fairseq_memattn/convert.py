@@ -24,8 +24,8 @@ from typing import Dict, List, Optional
 
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 from .errors import UserError
-from .models.transformer_memattn.model import WRITE_PREFIX  # the only parameters the source lacks
-from .models.transformer_memattn.model import memory_architecture
+# WRITE_PREFIX: the only parameters the source lacks
+from .models.transformer_memattn.model import WRITE_PREFIX, memory_architecture
 
 logger = logging.getLogger(__name__)
 

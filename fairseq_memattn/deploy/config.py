@@ -61,7 +61,7 @@ def config_path(folder: str) -> str:
 def check_types(config: dict, path: str) -> None:
     for key, least in INTEGER_KEYS.items():
         value = config[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        if not is_integer(value, least):
             raise ModelFolderError(f"{path}: {key} is {value!r}, expected an integer >= {least}")
     if config["source_padding"] not in ("left", "right"):
         raise ModelFolderError(f"{path}: source_padding is {config['source_padding']!r}, expected 'left' or 'right'")
@@ -75,12 +75,11 @@ def check_types(config: dict, path: str) -> None:
         raise ModelFolderError(f"{path}: decoder_state is {state!r}, expected a list of {{'name', and 'from' "
                                "(an encoder output's name) or 'zeros' (a list of dimensions)}} entries")
     exported = config.get("source_symbols")
-    if exported is not None and (not isinstance(exported, int) or isinstance(exported, bool) or exported < 4):
+    if exported is not None and not is_integer(exported, 4):
         raise ModelFolderError(f"{path}: source_symbols is {exported!r}, expected an integer >= 4 (the source "
                                "dictionary's size, its four special symbols included)")
     short = config.get("short_source_rows")
-    if short is not None and (not isinstance(short, int) or isinstance(short, bool)
-                              or not 1 <= short <= config["memory_k"]):
+    if short is not None and not (is_integer(short, 1) and short <= config["memory_k"]):
         raise ModelFolderError(f"{path}: short_source_rows is {short!r}, expected an integer from 1 to "
                                f"memory_k ({config['memory_k']})")
     if short is not None and config["format_version"] < 4:
@@ -95,9 +94,14 @@ def check_types(config: dict, path: str) -> None:
                                "{'heads', 'head_dim'} entries")
 
 
+def is_integer(value, least: int) -> bool:
+    """A JSON integer (not a boolean) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def is_shape(value) -> bool:
     """A list of dimensions (integers >= 1)."""
-    return isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value)
+    return isinstance(value, list) and all(is_integer(d, 1) for d in value)
 
 
 def check_symbols(config: dict, path: str, source_symbols: int, target_symbols: int) -> None:

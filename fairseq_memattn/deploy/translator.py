@@ -86,9 +86,9 @@ class Translator:
         """Raises SourceTooLong or SourceError for a source (token ids ending in EOS) these limits
         cannot translate, or that holds the padding symbol."""
         pad = self.config["source_pad"]
-        padding = [position for position, token in enumerate(source, start=1) if token == pad]
-        if padding:  # the batches' padding is told from the tokens by this id
-            raise SourceError(f"token {padding[0]} is the padding symbol {self.src_dict.symbols[pad]!r}, "
+        padding = next((position for position, token in enumerate(source, start=1) if token == pad), None)
+        if padding is not None:  # the batches' padding is told from the tokens by this id
+            raise SourceError(f"token {padding} is the padding symbol {self.src_dict.symbols[pad]!r}, "
                               f"which is not a word: remove it")
         limit = self.config["max_source_positions"]
         if len(source) > limit:

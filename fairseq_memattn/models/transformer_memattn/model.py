@@ -161,8 +161,9 @@ def check_memory_options(args):
     if args.no_cross_attention:
         raise UserError("--no-cross-attention removes the decoder's only access to the source "
                          "memory; use fairseq's own transformer for that")
-    fp32_copies = ((getattr(args, "fp16", False) or getattr(args, "bf16", False))  # fairseq's FP16Optimizer
-                   and not (getattr(args, "memory_efficient_fp16", False) or getattr(args, "memory_efficient_bf16", False)))
+    # fairseq's FP16Optimizer: --fp16 or --bf16 without their memory-efficient variant
+    fp32_copies = (any(getattr(args, name, False) for name in ("fp16", "bf16"))
+                   and not any(getattr(args, name, False) for name in ("memory_efficient_fp16", "memory_efficient_bf16")))
     if getattr(args, "memory_train_write_only", False) and fp32_copies:
         raise UserError("--memory-train-write-only drops the other parameters' gradients, but fairseq's optimizer "
                         "for --fp16 and --bf16 gives a dropped gradient as zeros, which the optimizer's moments and "
