@@ -30,7 +30,7 @@ setup(
     python_requires=">=3.10",
     # torch is not pinned here: install the build you want first (CPU or CUDA).
     # fairseq is not listed either, so that pip never replaces your own fairseq
-    # checkout; choose a distribution explicitly (see README, "Which fairseq").
+    # checkout; choose a distribution explicitly (see README, "Install").
     # torch 2.4: add_safe_globals (checkpoint_safety) and torch.is_autocast_enabled(device).
     # sacremoses: undoing the tokenisation and truecasing of the WMT'17 preprocessed corpora.
     install_requires=["torch>=2.4", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses",

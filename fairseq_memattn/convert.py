@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 from .errors import UserError
 # WRITE_PREFIX: the only parameters the source lacks
-from .models.transformer_memattn.model import WRITE_PREFIX, memory_architecture
+from .models.transformer_memattn.model import WRITE_PREFIX, keep_layers, memory_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,18 @@ def target_architecture(source_arch: str) -> str:
     return target if target in ARCH_MODEL_REGISTRY else MEMATTN_ARCH
 
 
-def target_args(source_args: argparse.Namespace, memory_options: Dict[str, object]) -> argparse.Namespace:
-    """The source's args with the memory architecture and options; what is not
-    given takes the architecture's default when the model is built."""
+def check_memory_read(memory_options: Dict[str, object]) -> None:
+    """Only the attention read reuses the decoder's encoder-attention."""
     if memory_options.get("memory_read", "attention") != "attention":
         raise ConvertError(f"--memory-read {memory_options['memory_read']} reads the memory with "
                            f"parameters a transformer does not have (W_beta, Eq. 7); convert with "
                            f"--memory-read attention, whose read is the decoder's encoder-attention")
+
+
+def target_args(source_args: argparse.Namespace, memory_options: Dict[str, object]) -> argparse.Namespace:
+    """The loaded source's args with the memory architecture and options; what is not
+    given takes the architecture's default when the model is built."""
+    check_memory_read(memory_options)
     args = copy.deepcopy(source_args)
     args.arch = target_architecture(architecture(source_args))
     if hasattr(args, "_name"):
@@ -159,17 +164,21 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
     cfg = state["cfg"]
     check_source_architecture(cfg.model, path)
     source_args = copy.deepcopy(as_namespace(cfg.model))
-    args = target_args(source_args, memory_options)
+    check_memory_read(memory_options)
     task = setup_task(cfg, path)
     source = build_model(task, source_args, path)
+    # --*-layers-to-keep pruned as the memory model prunes them (fairseq's pruning, given one side's
+    # option, drops the other side's layers), which clears the options
+    weights = keep_layers(state["model"], source_args, writers_follow_decoder=False)
     try:
-        # fairseq's own loading: upgrades old key names, prunes --*-layers-to-keep
-        source.load_state_dict(state["model"], strict=True, model_cfg=source_args)
+        # fairseq's own loading: upgrades old key names
+        source.load_state_dict(weights, strict=True, model_cfg=source_args)
     except RuntimeError as error:
         details = " ".join(line.strip() for line in str(error).splitlines()[:2])
         raise ConvertError(f"the weights of {path} do not fit its own --arch {architecture(source_args)} "
                            f"({details[:300]})")
-    args.encoder_layers_to_keep = args.decoder_layers_to_keep = None  # applied to the source's weights
+    # From the built source's args: the layers --*-layers-to-keep kept are now all its layers
+    args = target_args(source_args, memory_options)
     target = build_model(task, args, path)
     if not getattr(args, "memory_position_window", False):
         logger.warning("the write starts without --memory-position-window: each C_k starts as a "

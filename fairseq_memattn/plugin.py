@@ -31,7 +31,7 @@ def register() -> None:
             "fairseq_memattn needs an importable fairseq, but 'import fairseq' failed with: "
             f"{type(error).__name__}: {error}\n"
             "On Python 3.11+ install the 've-fairseq==0.12.3' wheel (pip install "
-            "'fairseq_memattn[ve-fairseq]') or keep your own fairseq checkout; PyPI's "
+            "ve-fairseq==0.12.3) or keep your own fairseq checkout; PyPI's "
             "fairseq==0.12.2 does not import on Python 3.11. See README.md."
         ) from error
     from . import checkpoint_safety, models, tasks  # noqa: F401  models and tasks register themselves

@@ -113,6 +113,23 @@ def test_converts_a_checkpoint_that_holds_args_not_cfg(toy, tmp_path):
     assert all(torch.equal(model.state_dict()[key], tensor) for key, tensor in state["model"].items())
 
 
+def test_converts_the_layers_that_layers_to_keep_kept(toy, tmp_path):
+    """A checkpoint whose args hold --*-layers-to-keep (its weights still all layers, as fairseq
+    saves them): the memory model has the kept layers, renumbered, and the other side all of its."""
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(toy["transformer"]))
+    state["cfg"].model.decoder_layers_to_keep = "1"
+    pruned, converted = tmp_path / "keep_1.pt", tmp_path / "converted.pt"
+    convert.save_checkpoint(state, str(pruned))
+    convert_cli.main([str(pruned), str(converted), "--memory-k", str(K)])
+    model, _ = load(converted)
+    assert len(model.decoder.layers) == 1 and len(model.encoder.layers) == 2
+    assert model.cfg.decoder.layers_to_keep is None
+    for key, tensor in state["model"].items():
+        kept = key.replace("decoder.layers.1.", "decoder.layers.0.")
+        if not key.startswith("decoder.layers.0.") and "version" not in key:
+            assert torch.equal(model.state_dict()[kept], tensor), key
+
+
 def identity_write(model):
     """Forces alpha to the identity when K = |S| (no padding): W_alpha = 0 and windows so narrow
     that row k takes source position k alone (window_scores: -(r_s - c_k)^2 / 2w^2, r_k = c_k)."""

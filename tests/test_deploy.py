@@ -95,7 +95,7 @@ def test_a_missing_runtime_package_is_named_and_a_broken_one_keeps_its_own_error
         serve.parse_args([str(tmp_path)])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        'fairseq-memattn-serve: error: the server needs aiohttp: pip install "fairseq_memattn[serve]"')
+        'fairseq-memattn-serve: error: the server needs aiohttp: pip install "aiohttp>=3.9"')
     # installed, but its import fails: the command line says why, not "pip install" again
     fake = tmp_path / "site" / "onnxruntime"
     fake.mkdir(parents=True)

@@ -97,7 +97,7 @@ def test_register_says_which_fairseq_to_install(tmp_path):
                                       text=True, timeout=120)
     assert run("import fairseq_memattn.deploy").returncode == 0
     result = run("import fairseq_memattn; fairseq_memattn.register()")
-    assert result.returncode != 0 and "pip install 'fairseq_memattn[ve-fairseq]'" in result.stderr
+    assert result.returncode != 0 and "pip install ve-fairseq==0.12.3" in result.stderr
 
 
 # A user's program (not a command line) that catches our error, then fails on its own.

@@ -37,6 +37,18 @@ def test_tiny_grid(tmp_path):
     report = (out / "speed.md").read_text()
     assert "K=32 / No Att" in report and "| K=4 |" in report
     assert (out / "decode_time.png").stat().st_size > 0
+    # The report alone redraws them from the CSVs, and a folder without them is refused.
+    (out / "speed.md").unlink()
+    redrawn = subprocess.run([sys.executable, "-m", "recipes.speed.report", str(out)], env=clean_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert redrawn.returncode == 0, redrawn.stderr[-2000:]
+    made_by = "Made by `python -m recipes.speed.report " + str(out) + "`."
+    assert (out / "speed.md").read_text().splitlines()[1:] == report.splitlines()[1:]
+    assert made_by in (out / "speed.md").read_text()
+    empty = subprocess.run([sys.executable, "-m", "recipes.speed.report", str(tmp_path)], env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 2
+    assert empty.stderr.splitlines()[-1] == f"report.py: error: no decode.csv in {tmp_path} (run recipes.speed.benchmark first)"
 
     # A second run finds every cell done and measures nothing again.
     again = run_benchmark("--out", str(out), "--models", "noatt", "--lengths", "4",

@@ -22,7 +22,7 @@ there is one, the sentencepiece model; fairseq-memattn-translate and fairseq-mem
 translate with it. --quantize int8: every matrix product with a constant weight in int8, the
 weight (7 bits) scaled per output column and the input per row, so that a sentence gets the same
 translation in any batch, and the embedding tables in int8; an LSTM stays float32. Needs the
-optional extra deploy (pip install "fairseq_memattn[deploy]").
+optional extra deploy (pip install ".[deploy]" in a checkout, or pip install onnx onnxruntime).
 """
 
 

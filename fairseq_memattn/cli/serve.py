@@ -25,7 +25,7 @@ starts: one line, status 2.
 
 def parse_args(argv=None):
     with one_line_errors(PROG):
-        import_installed("aiohttp", 'the server needs aiohttp: pip install "fairseq_memattn[serve]"', UserError)
+        import_installed("aiohttp", 'the server needs aiohttp: pip install "aiohttp>=3.9"', UserError)
     from ..deploy import serve
 
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION + "\n" + serve.API,

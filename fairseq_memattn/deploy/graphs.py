@@ -20,7 +20,7 @@ STEP_OUTPUTS = {"candidate_scores": 2, "candidate_indices": 2, "read_weights": 2
 
 
 def require_onnxruntime():
-    return import_installed("onnxruntime", 'the translator needs onnxruntime: pip install "fairseq_memattn[deploy]"')
+    return import_installed("onnxruntime", "the translator needs onnxruntime: pip install onnxruntime")
 
 
 def default_session_options(threads: Optional[int] = None):

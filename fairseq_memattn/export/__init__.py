@@ -10,7 +10,7 @@ choice of candidates), ``config.json``, the dictionaries and, when there is one,
 sentencepiece model. ``--quantize int8``: every matrix product with a constant
 weight in int8, the weight per output column, its input per row (a sentence's
 result does not depend on its batch), and the embedding tables in int8; an LSTM
-stays float32. Needs onnx (the optional extra ``deploy``, ``pip install "fairseq_memattn[deploy]"``).
+stays float32. Needs onnx (the optional extra ``deploy``: ``pip install ".[deploy]"`` in a checkout).
 """
 
 import json
@@ -74,8 +74,8 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's).
     ``short_source_rows`` (transformer_memattn): sources shorter than this keep |S| memory rows
     (export/transformer.py's ``build``; None: its default, 0: never)."""
-    onnx = import_installed("onnx", 'the export needs onnx, which is not installed: pip install onnx '
-                                    '(or "fairseq_memattn[deploy]")', ExportError)
+    onnx = import_installed("onnx", "the export needs onnx, which is not installed: pip install onnx onnxruntime",
+                            ExportError)
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     check_out(out, force)

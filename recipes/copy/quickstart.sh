@@ -3,7 +3,7 @@
 # copy task (lengths 0..20) on CPU, decode the test set with beam 10 and print BLEU/accuracy.
 # Sigmoid scores on both sides (Sec. 4.2): the combination that converged fastest in results/copy
 # (softmax/softmax, the paper's default, "consistently performs badly" there and here).
-# About 3 minutes on 2 cores (docs/testing.md). Output: $OUT (default checkpoints/copy_quickstart).
+# About 4 minutes on 2 cores, the venv included (docs/testing.md). Output: $OUT (default checkpoints/copy_quickstart).
 # Extra arguments go to fairseq-train (e.g. --seed 2); SKIP_SETUP=1 uses the fairseq on PATH;
 # COPY_ARGS replaces the copy task's options (tests/test_readme.py makes them tiny).
 set -euo pipefail

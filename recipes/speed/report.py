@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Tables and plot from benchmark.py's CSVs: `python -m recipes.speed.report OUT_DIR`.
 
 Writes OUT/speed.md (decode time, cached bytes, training throughput, the speed targets, the
 paper's Table 1 times) and OUT/decode_time.png (ms per decoder step vs source length).
 """
 
+import argparse
 import csv
 import os
-import sys
 
 # Paper Table 1: seconds to decode the copy-task test set on a K40m GPU.
 PAPER_SECONDS = {
@@ -149,7 +148,14 @@ def plot(per_step, models, labels, path):
     fig.savefig(path, dpi=120)
 
 
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", metavar="OUT_DIR", help="recipes.speed.benchmark's output folder (decode.csv, train.csv)")
+    out = parser.parse_args(argv).out
+    if not os.path.isfile(os.path.join(out, "decode.csv")):
+        parser.error(f"no decode.csv in {out} (run recipes.speed.benchmark first)")
+    write_report(out, f"python -m recipes.speed.report {out}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m recipes.speed.report OUT_DIR")
-    write_report(sys.argv[1], f"python -m recipes.speed.report {sys.argv[1]}")
+    main()
