@@ -75,6 +75,14 @@ def test_empty_source_decodes_to_empty_output_with_min_len_0(checkpoint):
     assert "pass --min-len 0" in forbidden.stderr
 
 
+def test_every_test_example_is_decoded_whatever_the_batch_multiple(checkpoint):
+    """fairseq drops a last batch that is not a multiple of --required-batch-size-multiple (8 by
+    default): 100 examples in batches of 32 would lose the last 4. The copy task keeps them."""
+    out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint), "--gen-subset", "test",
+              "--beam", "2", "--batch-size", "32", "--cpu", "--min-len", "0").stdout
+    assert sorted(int(i) for i in re.findall(r"^H-(\d+)\t", out, re.M)) == list(range(100))
+
+
 def test_validate_and_interactive_load_the_checkpoint(checkpoint):
     out = run("fairseq-validate", "--user-dir", PLUGIN_DIR, *TASK, "--path", str(checkpoint),
               "--valid-subset", "valid", "--batch-size", "32", "--cpu")

@@ -140,6 +140,15 @@ class CopyTask(FairseqTask):
             shuffle=split == "train",
         )
 
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's, with every example of the valid and test splits in a batch: fairseq's
+        batch_by_size drops a last batch whose size is not a multiple of
+        --required-batch-size-multiple (8 by default), which would leave examples out of
+        validation and decoding. Training batches keep the option."""
+        if dataset is not self.datasets.get("train"):
+            kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
     def source_target_sizes(self, split):
         """Source and target sizes of ``split`` (EOS included), without making
         its examples: the model reads them for S of the position encodings."""
