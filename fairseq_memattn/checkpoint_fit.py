@@ -22,6 +22,9 @@ from .errors import UserError
 from .modules.attention import ATTENTION_TYPES, build_attention
 from .modules.memory import MemoryConfig
 
+# --task copy_task's dictionary: fairseq's <s>, <pad>, </s>, <unk>, then --copy-vocab-size symbols
+COPY_TASK_SPECIAL_SYMBOLS = 4
+
 
 def _count(state, prefix: str) -> int:
     """How many numbered modules ``prefix.N.`` the state dict has."""
@@ -177,8 +180,10 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
                       for name, (saved, built) in differences.items())
     options = [name for name in differences if not name.endswith("vocabulary size")]
     fit = [as_option(name, differences[name][0]) for name in options]
-    if len(options) < len(differences):
-        fit.append("the dictionaries it was trained with (its data directory)")
+    vocabularies = [saved for name, (saved, _) in differences.items() if name.endswith("vocabulary size")]
+    if vocabularies:  # the copy task's dictionary is its symbols after fairseq's 4 special ones
+        fit.append(f"the dictionaries it was trained with (its data directory; for --task copy_task, "
+                   f"--copy-vocab-size {vocabularies[0] - COPY_TASK_SPECIAL_SYMBOLS})")
     fit = ", ".join(fit)
     if context == "train":
         fix = (f"the model is built from this command line: to continue training the checkpoint give "

@@ -33,6 +33,8 @@ def read_generate_output(lines, references: Optional[List[str]] = None) -> Tuple
         fields = line.rstrip("\n").split("\t")
         kind, _, sample_id = fields[0].partition("-")
         if kind == "T" and sample_id.isdigit():
+            if int(sample_id) in refs:  # fairseq-generate prints one per sample: two runs' output
+                raise UserError(f"T-{sample_id} appears twice: give the output of one fairseq-generate run")
             refs[int(sample_id)] = fields[1] if len(fields) > 1 else ""
         elif kind == kept and sample_id.isdigit() and int(sample_id) not in hyps:
             hyps[int(sample_id)] = fields[field] if len(fields) > field else ""  # best (first) hypothesis

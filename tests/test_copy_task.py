@@ -85,6 +85,9 @@ def test_fairseq_preprocess_route_gives_identical_examples(tmp_path):
     ("copy_vocab_size", 0, "invalid --copy-vocab-size: 0 (must be >= 1)"),
     ("copy_train_size", 0, "invalid --copy-train-size: 0 (must be >= 1)"),
     ("copy_test_size", -5, "invalid --copy-test-size: -5 (must be >= 1)"),
+    ("copy_seed", -1, "invalid --copy-seed: -1 (must be >= 0)"),
+    ("copy_max_len", 1024, "--copy-max-len 1024 makes examples of up to 1025 tokens (EOS included), more than "
+                           "--max-source-positions 1024: raise --max-source-positions or lower --copy-max-len"),
 ])
 def test_bad_task_options(field, value, message):
     with pytest.raises(ValueError) as error:
@@ -99,13 +102,13 @@ def test_unknown_split():
 
 
 @pytest.mark.slow
-def test_export_command_rejects_bad_values(tmp_path):
+@pytest.mark.parametrize("option, value, minimum", [("--copy-vocab-size", "0", 1), ("--copy-seed", "-1", 0)])
+def test_export_command_rejects_bad_values(tmp_path, option, value, minimum):
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.tasks.copy_task", "--out-dir", str(tmp_path),
-                             "--copy-vocab-size", "0"], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": REPO})
+                             option, value], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "copy_task.py: error: argument --copy-vocab-size: invalid value 0 (must be an integer >= 1)")
+        f"copy_task.py: error: argument {option}: invalid value {value} (must be an integer >= {minimum})")
 
 
 @pytest.mark.slow

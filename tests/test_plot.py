@@ -341,23 +341,33 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("layer_out_of_range", "--layer 2 is out of range: "),
     ("head_out_of_range", "--head 2 is out of range: layer 1's attention read has heads 0..1"),
     ("layer_of_an_lstm", "--layer/--head choose a read of a transformer_memattn decoder layer"),
+    ("zero_dpi", "invalid --dpi: 0 (must be >= 1)"),
+    ("zero_beam", "invalid --beam: 0 (must be >= 1)"),
+    ("negative_max_len", "invalid --max-len-b: -5 (must be >= --min-len 1)"),
+    ("output_folder", "is a folder: give the image's file name in it"),
+    ("output_unwritable", "cannot write --output '/dev/null/figure.png': /dev/null: File exists"),
 ])
 def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, capsys, case,
                                                       expected):
     output = tmp_path / ("figure.bmpx" if case == "bad_extension" else "figure.png")
+    if case == "output_folder":
+        output.mkdir()
+    elif case == "output_unwritable":  # found when the image is saved, after decoding
+        output = "/dev/null/figure.png"
     path = {"missing": str(tmp_path / "nope.pt"), "folder": str(tmp_path), "no_attention": checkpoints["none"],
             "layer_out_of_range": checkpoints["transformer"],
             "head_out_of_range": checkpoints["transformer"]}.get(case, checkpoints["memory"])
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
     read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
-            "layer_of_an_lstm": ["--layer", "0"]}.get(case, [])
+            "layer_of_an_lstm": ["--layer", "0"], "zero_dpi": ["--dpi", "0"], "zero_beam": ["--beam", "0"],
+            "negative_max_len": ["--max-len-b", "-5"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
         plot_cli.main(plot_args(path, output, "--example-id", example, *read))
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"{plot_cli.PROG}: error: " in error and expected in error, error
     assert "Traceback" not in error
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == (["figure.png"] if case == "output_folder" else [])
 
 
 def test_sigmoid_weights_are_labelled_unnormalised():

@@ -171,6 +171,15 @@ def test_misfit_is_reported_by_option(saved, built, message):
         build_model(**built).load_state_dict(checkpoint)
 
 
+def test_vocabulary_misfit_names_the_copy_tasks_option():
+    """A dictionary of 16 (fairseq's 4 special symbols and 12 others) is --copy-vocab-size 12."""
+    checkpoint = build_model().state_dict()
+    with pytest.raises(ValueError, match=re.escape(
+            "build the model with the dictionaries it was trained with (its data directory; for --task "
+            "copy_task, --copy-vocab-size 12)")):
+        build_model(dictionary=make_dictionary(20)).load_state_dict(checkpoint)
+
+
 def test_fitting_checkpoint_loads_exactly():
     checkpoint = build_model(seed=1, input_feeding=True, attention_mix=True).state_dict()
     model = build_model(seed=2, input_feeding=True, attention_mix=True)

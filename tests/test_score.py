@@ -53,3 +53,19 @@ def test_without_sacrebleu_one_line_says_so(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "fairseq-memattn-score: error: BLEU needs sacrebleu, which is not installed: pip install 'sacrebleu>=2.0'")
     assert score("out.txt", cwd=tmp_path).returncode == 0  # with it
+
+
+def test_two_runs_output_and_text_that_is_not_utf8_are_refused(tmp_path):
+    """Two fairseq-generate outputs in one file would pair the first run's hypothesis with the
+    last run's reference; bytes that are not UTF-8 end in one line, not a UnicodeDecodeError."""
+    (tmp_path / "twice.txt").write_text("T-0\t1 2\nH-0\t-0.1\t1 2\nT-0\t3 4\nH-0\t-0.1\t3 4\n")
+    (tmp_path / "latin1.txt").write_bytes(b"T-0\t1 2\nH-0\t-0.1\t\xe9\n")
+    (tmp_path / "ref.txt").write_bytes(b"\xe9\n")
+    (tmp_path / "out.txt").write_text(TRANSLATED)
+    for args, message in ((["twice.txt"], "twice.txt: T-0 appears twice: give the output of one fairseq-generate run"),
+                          (["latin1.txt"], "latin1.txt: not UTF-8 text (invalid continuation byte)"),
+                          (["out.txt", "--reference", "ref.txt"],
+                           "--reference ref.txt: not UTF-8 text (invalid continuation byte)")):
+        result = score(*args, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip().splitlines()[-1] == "fairseq-memattn-score: error: " + message

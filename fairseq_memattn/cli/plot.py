@@ -67,8 +67,13 @@ def check_arguments(args, paths: List[str]) -> List[str]:
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
         raise PlotError(f"--path: {'; '.join(str(not_a_file(p)) for p in missing)}")
-    if args.max_ticks < 1:
-        raise PlotError(f"invalid --max-ticks: {args.max_ticks} (must be >= 1)")
+    if os.path.isdir(args.output):
+        raise PlotError(f"--output {args.output!r} is a folder: give the image's file name in it")
+    for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi), ("--beam", args.beam)):
+        if value < 1:
+            raise PlotError(f"invalid {name}: {value} (must be >= 1)")
+    if args.max_len_a == 0 and args.max_len_b < args.min_len:
+        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= --min-len {args.min_len})")
     if args.labels is None:
         return [None] * len(paths)
     labels = args.labels.split(",")
@@ -154,6 +159,10 @@ def main(argv=None, prog=PROG):
     try:
         with one_line_errors(prog):
             alignments = run(args)
+            try:
+                save(draw(alignments, args.max_ticks), args.output, args.dpi)
+            except OSError as error:
+                raise PlotError(f"cannot write --output {args.output!r}: {error.filename}: {error.strerror}") from None
     except OSError as error:  # a data directory or file of the task's options that is not there
         print(f"{prog}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
         sys.exit(2)
@@ -161,7 +170,6 @@ def main(argv=None, prog=PROG):
         # argparse's format, without the usage: fairseq's parser has hundreds of options.
         print(f"{prog}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    save(draw(alignments, args.max_ticks), args.output, args.dpi)
     for alignment in alignments:
         print(alignment.label)
         print(f"  S: {' '.join(alignment.source)}\n  H: {' '.join(alignment.target)}")

@@ -43,6 +43,8 @@ def main(argv=None, prog=PROG):
                 references = [line.rstrip("\n") for line in file]
         except OSError as error:
             parser.error(f"--reference {args.reference}: {error.strerror}")
+        except UnicodeDecodeError as error:
+            parser.error(f"--reference {args.reference}: not UTF-8 text ({error.reason})")
     try:
         stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
     except OSError as error:
@@ -52,6 +54,8 @@ def main(argv=None, prog=PROG):
             hypotheses, references = read_generate_output(stream, references)
         except UserError as error:
             parser.error(f"{args.generate_output}: {error}")
+        except UnicodeDecodeError as error:
+            parser.error(f"{args.generate_output}: not UTF-8 text ({error.reason})")
     with one_line_errors(prog):
         result = score(hypotheses, references)
     if args.by_length:

@@ -37,16 +37,16 @@ class CopyTaskOptions(FairseqDataclass):
     """The options argparse takes as fairseq generates them from a dataclass."""
 
     copy_reverse: bool = field(default=False, metadata={"help": "target is the reversed source"})
-    copy_seed: int = field(default=1, metadata={"help": "seed of the data (not of training)"})
     max_source_positions: int = field(default=1024, metadata={"help": "max source length"})
     max_target_positions: int = field(default=1024, metadata={"help": "max target length"})
 
 
 @dataclass
 class CopyTaskConfig(CopyTaskOptions):
-    """The task's config: the options above and the sizes, whose ranges argparse checks
-    (``add_copy_task_args``) and check_config repeats for a config built in Python."""
+    """The task's config: the options above and the seed and sizes, whose ranges argparse
+    checks (``add_copy_task_args``) and check_config repeats for a config built in Python."""
 
+    copy_seed: int = field(default=1, metadata={"help": "seed of the data (not of training)"})
     copy_max_len: int = field(default=50, metadata={"help": "L: lengths are uniform in 0..L"})
     copy_vocab_size: int = field(default=20, metadata={"help": "number of symbols"})
     copy_train_size: int = field(default=100_000, metadata={"help": "training examples"})
@@ -54,32 +54,33 @@ class CopyTaskConfig(CopyTaskOptions):
     copy_test_size: int = field(default=1_000, metadata={"help": "test examples"})
 
 
-SIZE_MINIMUMS = {"copy_max_len": 0, "copy_vocab_size": 1, "copy_train_size": 1, "copy_valid_size": 1,
-                 "copy_test_size": 1}
+MINIMUMS = {"copy_seed": 0, "copy_max_len": 0, "copy_vocab_size": 1, "copy_train_size": 1,
+            "copy_valid_size": 1, "copy_test_size": 1}
 
 
 def add_copy_task_args(parser) -> None:
-    """The task's options, the sizes with a type that refuses a value out of range (argparse's
-    one-line error, before anything runs)."""
+    """The task's options, the seed and sizes with a type that refuses a value out of range
+    (argparse's one-line error, before anything runs)."""
     gen_parser_from_dataclass(parser, CopyTaskOptions())
-    for name, minimum in SIZE_MINIMUMS.items():
+    for name, minimum in MINIMUMS.items():
         size = CopyTaskConfig.__dataclass_fields__[name]
         parser.add_argument("--" + name.replace("_", "-"), type=integer_at_least(minimum), default=size.default,
                             help=size.metadata["help"])
 
 
 def check_config(cfg) -> None:
-    problems = []
-    if cfg.copy_max_len < 0:
-        problems.append(f"--copy-max-len: {cfg.copy_max_len} (must be >= 0)")
-    if cfg.copy_vocab_size < 1:
-        problems.append(f"--copy-vocab-size: {cfg.copy_vocab_size} (must be >= 1)")
-    for split in SPLITS:
-        size = getattr(cfg, f"copy_{split}_size")
-        if size < 1:
-            problems.append(f"--copy-{split}-size: {size} (must be >= 1)")
+    problems = [f"--{name.replace('_', '-')}: {getattr(cfg, name)} (must be >= {minimum})"
+                for name, minimum in MINIMUMS.items() if getattr(cfg, name) < minimum]
     if problems:
         raise UserError("invalid " + "; invalid ".join(problems))
+    # The longest example, EOS included, must fit the positions (fairseq would drop it from
+    # training and refuse it at validation)
+    for side in ("source", "target"):
+        limit = getattr(cfg, f"max_{side}_positions")
+        if cfg.copy_max_len + 1 > limit:
+            raise UserError(f"--copy-max-len {cfg.copy_max_len} makes examples of up to {cfg.copy_max_len + 1} "
+                            f"tokens (EOS included), more than --max-{side}-positions {limit}: raise "
+                            f"--max-{side}-positions or lower --copy-max-len")
 
 
 def _draw_lengths(cfg, split: str):
