@@ -123,6 +123,31 @@ def test_alignments_in_eval_mode_unless_switched_off(dictionary):
     assert extra["attn"][0] is None and "alpha" not in model.encoder(tokens, lengths)["memory"]
 
 
+@pytest.mark.parametrize("modules, changed", [(None, {"encoder", "decoder"}), (["MemAttnDecoder"], {"decoder"})])
+def test_retain_dropout_keeps_the_models_dropout_at_inference(dictionary, modules, changed):
+    """fairseq-generate --retain-dropout (and --retain-dropout-modules) keeps dropout on in eval
+    mode, as for fairseq's own LSTM; without it two passes are equal."""
+    model = build_model(dictionary, attention_type="memory", dropout=0.5)
+    tokens, lengths = left_padded_batch(dictionary, SOURCES)
+
+    def twice(run):
+        torch.manual_seed(1)
+        first = run()
+        return first, run()
+
+    with torch.no_grad():
+        for run in (lambda: model.encoder(tokens, lengths)["final_state"],
+                    lambda: model(tokens, lengths, PREV_OUTPUT)[0]):
+            first, second = twice(run)
+            assert torch.equal(first, second)
+        model.make_generation_fast_(retain_dropout=True, retain_dropout_modules=modules)
+        encoder = twice(lambda: model.encoder(tokens, lengths)["final_state"])
+        assert (not torch.equal(*encoder)) == ("encoder" in changed)
+        model.encoder.dropout.apply_during_inference = False  # the decoder's own dropout alone
+        decoder = twice(lambda: model(tokens, lengths, PREV_OUTPUT)[0])
+        assert not torch.equal(*decoder)
+
+
 def generate_with_alignment(model, dictionary, tokens, lengths):
     from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 

@@ -2,8 +2,8 @@
 fairseq-generate builds them (``FairseqTask.build_generator``), on untrained tiny models: each test
 checks what the option promises of the hypotheses, so a model whose incremental state or reorder
 breaks under a strategy fails. Left out, as fairseq's main fails them for its own ``transformer``
-too: ``--diverse-beam-groups`` and ``--print-step`` end in errors, and ``--no-repeat-ngram-size``
-blocks nothing on CPU (it compares the padding after the hypothesis, facebookresearch/fairseq#4709)."""
+too: ``--print-step`` ends in an error, and ``--no-repeat-ngram-size`` blocks nothing on CPU (it
+compares the padding after the hypothesis, facebookresearch/fairseq#4709)."""
 
 from argparse import Namespace
 from types import SimpleNamespace
@@ -58,6 +58,16 @@ def test_diverse_siblings_without_a_penalty_is_beam_search(model, dictionary):
     beams = generate(model, dictionary)
     assert token_lists(generate(model, dictionary, diversity_rate=0)) == token_lists(beams)
     assert token_lists(generate(model, dictionary, diversity_rate=2)) != token_lists(beams)
+
+
+def test_diverse_beam_groups_without_a_penalty_are_greedy_searches(model, dictionary):
+    """--diverse-beam-groups 4 at beam 4: four groups of one hypothesis, each a greedy search
+    while --diverse-beam-strength is 0; a strength of 5 makes the groups choose other tokens."""
+    greedy = [beam[0] for beam in token_lists(generate(model, dictionary, beam=1))]
+    groups = token_lists(generate(model, dictionary, diverse_beam_groups=4, diverse_beam_strength=0.0))
+    assert groups == [[best] * 4 for best in greedy]
+    penalised = token_lists(generate(model, dictionary, diverse_beam_groups=4, diverse_beam_strength=5.0))
+    assert all(len({tuple(h) for h in beam}) > 1 for beam in penalised)
 
 
 def test_prefix_tokens_start_every_hypothesis(model, dictionary):

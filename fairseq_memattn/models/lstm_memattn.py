@@ -17,6 +17,7 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
+from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -89,7 +90,8 @@ class MemAttnEncoder(FairseqEncoder):
         self.padding_idx = dictionary.pad()
         self.max_source_positions = max_source_positions
         self.embed_tokens = Embedding(dictionary, embed_dim)
-        self.dropout = nn.Dropout(dropout)  # dropout on the input of every cell
+        # on the input of every cell; fairseq's, so that --retain-dropout reaches it
+        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
         self.lstm = LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
                          dropout=dropout if num_layers > 1 else 0.0, bidirectional=True)
         self.final_state_dim = 4 * hidden_size
@@ -166,7 +168,7 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
         self.input_feeding = input_feeding and context_dim > 0
 
         self.embed_tokens = embed_tokens if embed_tokens is not None else Embedding(dictionary, embed_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
         # The decoder starts from the encoder's final states ("bridge").
         self.bridge = nn.Linear(encoder_final_state_dim, 2 * num_layers * hidden_size)
         input_size = embed_dim + (context_dim if self.input_feeding else 0)
