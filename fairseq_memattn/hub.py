@@ -125,6 +125,9 @@ class MemAttnHubInterface(GeneratorHubInterface):
             self.check_lengths(tokenized_sentences)
         if kwargs.get("print_alignment") is True:
             kwargs["print_alignment"] = "hard"
+        if kwargs.get("print_alignment") not in (None, False, "hard", "soft"):
+            raise UserError(f"invalid print_alignment: {kwargs['print_alignment']!r} "
+                            f"(choose from 'hard', 'soft', True)")
         if not kwargs.get("print_alignment"):
             return super().generate(tokenized_sentences, beam, verbose, **kwargs)
         with attention_returned(self.models):

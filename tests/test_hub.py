@@ -138,6 +138,8 @@ def test_alignments_are_beta_alpha_transposed(model):
     soft = model.generate(source, beam=10, print_alignment="soft")[0]["alignment"]
     torch.testing.assert_close(torch.tensor([[float(p) for p in row] for row in soft]),
                                expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"invalid print_alignment: 'bogus' \(choose from 'hard', 'soft', True\)"):
+        model.generate(source, beam=10, print_alignment="bogus")
 
 
 def test_alignments_only_for_the_call_that_asks(model):
