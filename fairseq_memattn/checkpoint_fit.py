@@ -22,9 +22,6 @@ from .errors import UserError
 from .modules.attention import ATTENTION_TYPES, build_attention
 from .modules.memory import MemoryConfig
 
-# --task copy_task's dictionary: fairseq's <s>, <pad>, </s>, <unk>, then --copy-vocab-size symbols
-COPY_TASK_SPECIAL_SYMBOLS = 4
-
 
 def _count(state, prefix: str) -> int:
     """How many numbered modules ``prefix.N.`` the state dict has."""
@@ -142,17 +139,18 @@ def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, T
 
 # Where the options of the model a checkpoint is being loaded into came from, set by the plugin's
 # wrappers of fairseq's loaders (plugin.py): (context, path, overrides), see ``loading``.
-_loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None, None))
+_loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None, None, None))
 
 
 @contextlib.contextmanager
-def loading(context: str, path: str, overrides: dict = None):
+def loading(context: str, path: str, overrides: dict = None, task=None):
     """While fairseq loads checkpoint ``path``: ``context`` "train" when its Trainer restores it into
     the model built from the command line (--restore-file, or --save-dir's checkpoint_last.pt);
     "saved" when it builds the model from the checkpoint's saved options and ``overrides``
     (--model-overrides: fairseq-generate, -interactive, -validate, the hub, our plot). A model
-    built in Python and loaded outside of both has neither."""
-    token = _loading.set((context, path, overrides or {}))
+    built in Python and loaded outside of both has neither. ``task``, when known, may say how its
+    dictionary is made (a ``dictionary_advice(size)`` method: the copy task's option)."""
+    token = _loading.set((context, path, overrides or {}, task))
     try:
         yield
     finally:
@@ -175,15 +173,15 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
     """The error for a checkpoint whose weights do not fit the model built for it: each
     option that differs with both values ({name: (checkpoint's, model's)}), and how to make
     them fit where the model's options came from (``loading``)."""
-    context, path, overrides = _loading.get()
+    context, path, overrides, task = _loading.get()
     found = "; ".join(f"checkpoint has {name}={saved} but the model was built with {name}={built}"
                       for name, (saved, built) in differences.items())
     options = [name for name in differences if not name.endswith("vocabulary size")]
     fit = [as_option(name, differences[name][0]) for name in options]
     vocabularies = [saved for name, (saved, _) in differences.items() if name.endswith("vocabulary size")]
-    if vocabularies:  # the copy task's dictionary is its symbols after fairseq's 4 special ones
-        fit.append(f"the dictionaries it was trained with (its data directory; for --task copy_task, "
-                   f"--copy-vocab-size {vocabularies[0] - COPY_TASK_SPECIAL_SYMBOLS})")
+    if vocabularies:
+        advice = getattr(task, "dictionary_advice", None)
+        fit.append(advice(vocabularies[0]) if advice else "the dictionaries it was trained with (its data directory)")
     fit = ", ".join(fit)
     if context == "train":
         fix = (f"the model is built from this command line: to continue training the checkpoint give "

@@ -68,7 +68,7 @@ def guard_model_loading() -> None:
         filenames = call.arguments["filenames"] = list(call.arguments["filenames"])
         path = filenames[0] if len(filenames) == 1 else f"one of {', '.join(map(str, filenames))}"
         try:
-            with loading("saved", path, call.arguments.get("arg_overrides")):
+            with loading("saved", path, call.arguments.get("arg_overrides"), call.arguments.get("task")):
                 models, cfg, task = load(*call.args, **call.kwargs)
         except IsADirectoryError as error:  # fairseq's check passes a folder on to torch.load
             if str(error.filename) not in map(str, filenames):
@@ -101,7 +101,7 @@ def guard_training_restore() -> None:
 
     @functools.wraps(restore)
     def guarded(self, filename, *args, **kwargs):
-        with loading("train", filename):
+        with loading("train", filename, task=self.task):
             return restore(self, filename, *args, **kwargs)
 
     guarded.guarded = True

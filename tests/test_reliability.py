@@ -13,6 +13,9 @@ import pytest
 import torch
 from conftest import BIN, PLUGIN_DIR, build_model, clean_env, make_dictionary
 
+from fairseq_memattn.checkpoint_fit import loading
+from fairseq_memattn.tasks.copy_task import CopyTask, CopyTaskConfig
+
 ARCHITECTURES = ["lstm_memattn", "lstm_memattn_wmt", "lstm_att", "lstm_noatt", "lstm_linatt"]
 TINY = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
         "--decoder-hidden-size", "8", "--encoder-layers", "1", "--decoder-layers", "1"]
@@ -172,12 +175,18 @@ def test_misfit_is_reported_by_option(saved, built, message):
 
 
 def test_vocabulary_misfit_names_the_copy_tasks_option():
-    """A dictionary of 16 (fairseq's 4 special symbols and 12 others) is --copy-vocab-size 12."""
+    """Loaded for the copy task, a dictionary of 16 (fairseq's 4 special symbols and 12 others) is
+    --copy-vocab-size 12; for another task, the data directory's dictionaries."""
     checkpoint = build_model().state_dict()
-    with pytest.raises(ValueError, match=re.escape(
-            "build the model with the dictionaries it was trained with (its data directory; for --task "
-            "copy_task, --copy-vocab-size 12)")):
-        build_model(dictionary=make_dictionary(20)).load_state_dict(checkpoint)
+    model = build_model(dictionary=make_dictionary(20))
+    with pytest.raises(ValueError, match=re.escape("checkpoint.pt does not fit the model: ")) as error:
+        with loading("train", "checkpoint.pt", task=CopyTask.setup_task(CopyTaskConfig(copy_vocab_size=16))):
+            model.load_state_dict(checkpoint)
+    assert str(error.value).endswith("to continue training the checkpoint give --copy-vocab-size 12; "
+                                     "to train a new model use another --save-dir")
+    with pytest.raises(ValueError) as error:
+        model.load_state_dict(checkpoint)
+    assert str(error.value).endswith("build the model with the dictionaries it was trained with (its data directory)")
 
 
 def test_fitting_checkpoint_loads_exactly():

@@ -162,7 +162,7 @@ def main(argv=None, prog=PROG):
             try:
                 save(draw(alignments, args.max_ticks), args.output, args.dpi)
             except OSError as error:
-                raise PlotError(f"cannot write --output {args.output!r}: {error.filename}: {error.strerror}") from None
+                raise PlotError(f"cannot write --output {args.output!r}: {error.strerror or error}") from None
     except OSError as error:  # a data directory or file of the task's options that is not there
         print(f"{prog}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
         sys.exit(2)

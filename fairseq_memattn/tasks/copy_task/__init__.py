@@ -142,10 +142,10 @@ class CopyTask(FairseqTask):
         )
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
-        """fairseq's, with every example of the valid and test splits in a batch: fairseq's
+        """fairseq's, with every example of a split other than train in a batch: fairseq's
         batch_by_size drops a last batch whose size is not a multiple of
         --required-batch-size-multiple (8 by default), which would leave examples out of
-        validation and decoding. Training batches keep the option."""
+        validation and decoding. The train split keeps the option."""
         if dataset is not self.datasets.get("train"):
             kwargs["required_batch_size_multiple"] = 1
         return super().get_batch_iterator(dataset, *args, **kwargs)
@@ -174,6 +174,11 @@ class CopyTask(FairseqTask):
 
     def max_positions(self):
         return (self.cfg.max_source_positions, self.cfg.max_target_positions)
+
+    def dictionary_advice(self, size: int) -> str:
+        """How to build the dictionary of ``size`` symbols a checkpoint was trained with: it has no
+        data directory, only fairseq's special symbols and --copy-vocab-size others."""
+        return f"--copy-vocab-size {size - self.dictionary.nspecial}"
 
     @property
     def source_dictionary(self):
