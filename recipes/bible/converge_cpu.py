@@ -198,6 +198,20 @@ def convert(args, lock):
     return all(run.wait() == 0 for run in runs)
 
 
+def conversion_rows(args):
+    """recipes/convert/run.py's rows for the table, once every one of them has been evaluated
+    (--report decodes nothing itself); none before."""
+    settings = conversion_settings(args)
+    if not os.path.isfile(settings.source):
+        return ()
+    updates = convert_run.source_updates(settings.source)
+    evaluations = ["source", "converted_0"] + [os.path.join(run, f"eval_{total}") for run in ("converted", "original")
+                                               for total in convert_run.totals(updates, settings.fractions)]
+    if not all(os.path.isfile(os.path.join(settings.out, folder, "score.json")) for folder in evaluations):
+        return ()
+    return convert_run.report_rows(settings, updates)
+
+
 def runs_so_far(args, references):
     """converge.read_run of each model with a log, stopped by patience or still running."""
     runs = {}
@@ -287,7 +301,7 @@ def main(argv=None):
     if not os.path.isdir(os.path.join(args.data, "data-bin")):
         p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
     if args.report:
-        write_results(args)
+        write_results(args, conversion_rows(args))
         return 0
     lock = hold_lock(args.work)
     if lock is None:
@@ -324,8 +338,7 @@ def main(argv=None):
     if not convert(args, lock):
         return 1
     settings = conversion_settings(args)
-    rows = convert_run.report_rows(settings, convert_run.source_updates(settings.source))
-    write_results(args, rows)
+    write_results(args, convert_run.report_rows(settings, convert_run.source_updates(settings.source)))
     converge.log(f"done: {os.path.join(args.out, 'table.md')}")
     return 0
 
