@@ -9,10 +9,11 @@ import pytest
 from conftest import clean_env
 
 BENCHMARK = ["-m", "recipes.speed.benchmark"]
+REPORT = ["-m", "recipes.speed.report"]
 
 
-def run_benchmark(*args):
-    return subprocess.run([sys.executable, *BENCHMARK, *args], env=clean_env(), capture_output=True,
+def run_benchmark(*args, command=BENCHMARK):
+    return subprocess.run([sys.executable, *command, *args], env=clean_env(), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -39,14 +40,12 @@ def test_tiny_grid(tmp_path):
     assert (out / "decode_time.png").stat().st_size > 0
     # The report alone redraws them from the CSVs, and a folder without them is refused.
     (out / "speed.md").unlink()
-    redrawn = subprocess.run([sys.executable, "-m", "recipes.speed.report", str(out)], env=clean_env(),
-                             capture_output=True, text=True, timeout=300)
+    redrawn = run_benchmark(str(out), command=REPORT)
     assert redrawn.returncode == 0, redrawn.stderr[-2000:]
     made_by = "Made by `python -m recipes.speed.report " + str(out) + "`."
     assert (out / "speed.md").read_text().splitlines()[1:] == report.splitlines()[1:]
     assert made_by in (out / "speed.md").read_text()
-    empty = subprocess.run([sys.executable, "-m", "recipes.speed.report", str(tmp_path)], env=clean_env(),
-                           capture_output=True, text=True, timeout=300)
+    empty = run_benchmark(str(tmp_path), command=REPORT)
     assert empty.returncode == 2
     assert empty.stderr.splitlines()[-1] == f"report.py: error: no decode.csv in {tmp_path} (run recipes.speed.benchmark first)"
 
