@@ -5,9 +5,10 @@ The two models share every weight but the write (Eq. 4-5): embeddings, positions
 layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
 copied, and each decoder layer's encoder-attention (q/k/v/out projections and its layer norm)
 becomes that layer's attention read of the memory under the same state-dict keys, so the
-decoder reads the K rows with what it learned reading the |S| states. The write is new,
-initialised as ``transformer_memattn`` initialises it: with the position window (its default),
-which starts C_k as a soft local average of the encoder states around position k/K.
+decoder reads the K rows with what it learned reading the |S| states. The write is new. With
+the position window (the default) it starts from the window alone (``start_write_nearest``):
+C_k is the encoder state nearest relative position (k - 1/2)/K, or a local average of the
+states there where |S| > K, so the decoder reads rows like the states it was trained on.
 
 OUT keeps the checkpoint's update count, learning-rate schedule, data position and, for
 fairseq's plain optimizers, the optimizer moments of the kept weights (the write's start
@@ -18,6 +19,7 @@ stopped; ``--finetune-from-model OUT.pt`` starts afresh.
 import argparse
 import copy
 import logging
+import math
 import os
 import sys
 from typing import Dict, List, Optional
@@ -33,6 +35,12 @@ MEMATTN_ARCH = "transformer_memattn"
 SOURCE_MODEL = "transformer"  # fairseq's registered model name, whatever the --arch
 # extra_state entries that describe the source model's training, not the converted model's
 SOURCE_ONLY_STATE = ("best", "val_loss", "ema", "ema_fp32_params")
+# How the write starts: at the nearest states (start_write_nearest), or as transformer_memattn
+# initialises it for training from scratch (W_alpha random, window widths 1/K).
+WRITE_STARTS = ("nearest", "model")
+# start_write_nearest's window width, in rows (1/K of the source each): chosen on the Bible's
+# validation loss before fine-tuning (docs/convert.md)
+NEAREST_WIDTH = 0.5
 
 
 class ConvertError(UserError):
@@ -157,10 +165,36 @@ def carried_optimizer_state(state: Optional[dict], source_names: List[str],
     return {**state, "state": moments, "param_groups": [dict(group, params=list(range(len(target_names))))]}
 
 
-def convert_model(state: dict, memory_options: Dict[str, object], path: str = "checkpoint"):
+def start_write_nearest(target, width: float = NEAREST_WIDTH) -> None:
+    """The write's scores reduced to the position window (W_alpha = 0), every width w_k at
+    ``width`` rows (``window_scores``): C_k takes the states within about half a row's stretch
+    of (k - 1/2)/K, i.e. the nearest state where |S| <= K."""
+    import torch
+
+    with torch.no_grad():
+        for writer in target.encoder.writers:
+            writer.W_alpha.weight.zero_()
+            writer.window_log_width.fill_(math.log(width / writer.num_contexts))
+
+
+def write_start(requested: Optional[str], args: argparse.Namespace) -> str:
+    """--write-start, checked; by default nearest with the position window, else model."""
+    window = bool(getattr(args, "memory_position_window", False))
+    if requested is None:
+        return "nearest" if window else "model"
+    if requested not in WRITE_STARTS:
+        raise ConvertError(f"invalid --write-start {requested!r} (choose from {', '.join(WRITE_STARTS)})")
+    if requested == "nearest" and not window:
+        raise ConvertError("--write-start nearest starts the write from the position window, which "
+                           "--no-memory-position-window turns off: drop one of the two")
+    return requested
+
+
+def convert_model(state: dict, memory_options: Dict[str, object], path: str = "checkpoint",
+                  start: Optional[str] = None):
     """(source, target, target args): the checkpoint's transformer as fairseq loads it, and the
     memory model built by fairseq from the converted args with the transformer's weights in
-    every parameter but the write's, which keep the model's own initialisation."""
+    every parameter but the write's, which start as ``start`` says (``write_start``)."""
     cfg = state["cfg"]
     check_source_architecture(cfg.model, path)
     source_args = copy.deepcopy(as_namespace(cfg.model))
@@ -179,10 +213,13 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
                            f"({details[:300]})")
     # From the built source's args: the layers --*-layers-to-keep kept are now all its layers
     args = target_args(source_args, memory_options)
-    target = build_model(task, args, path)
+    target = build_model(task, args, path)  # fills in the architecture's defaults
+    start = write_start(start, args)
     if not getattr(args, "memory_position_window", False):
         logger.warning("the write starts without --memory-position-window: each C_k starts as a "
                        "random average of the encoder states, not a local one")
+    if start == "nearest":
+        start_write_nearest(target)
     source_state, fresh = source.state_dict(), target.state_dict()
     new = check_only_write_is_new(source_state, fresh)
     target.load_state_dict({key: source_state.get(key, fresh[key]) for key in fresh}, strict=True, model_cfg=args)
@@ -214,9 +251,10 @@ def converted_checkpoint(state: dict, source, target, args: argparse.Namespace) 
     return converted
 
 
-def convert_state(state: dict, memory_options: Dict[str, object], path: str = "checkpoint") -> dict:
+def convert_state(state: dict, memory_options: Dict[str, object], path: str = "checkpoint",
+                  start: Optional[str] = None) -> dict:
     """The checkpoint state of the converted model, from a transformer's (``load_source``)."""
-    source, target, args = convert_model(state, memory_options, path)
+    source, target, args = convert_model(state, memory_options, path, start)
     return converted_checkpoint(state, source, target, args)
 
 
@@ -234,14 +272,14 @@ def save_checkpoint(state: dict, path: str) -> None:
 
 
 def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: Optional[str] = None,
-            force: bool = False) -> None:
+            force: bool = False, start: Optional[str] = None) -> None:
     """Write the conversion of ``checkpoint`` to ``out``."""
     if os.path.isdir(out):
         raise ConvertError(f"{out} is a folder: give the converted checkpoint's file, e.g. "
                            f"{os.path.join(out, 'converted.pt')}")
     if os.path.exists(out) and not force:
         raise ConvertError(f"{out} exists: pass --force to replace it")
-    save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint), out)
+    save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint, start), out)
 
 
 if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing

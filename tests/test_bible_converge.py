@@ -282,9 +282,12 @@ def test_cpu_run_decodes_converts_and_resumes_with_nothing_to_do(own_pair_recipe
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "3"
         assert all(float(cell) >= 0 for cell in cells[6:10]) and float(cells[12]) > 0
-    for label in ("transformer (the source)", "converted, before fine-tuning", "converted", "original"):
-        assert sum(line.startswith(f"| {label} |") for line in table.splitlines()) == 1, label  # one fraction
-    assert "fine-tuned (all parameters) for 20 % of N" in table
+    rows = [line.split("|")[1].strip() for line in table.split("## The converged transformer converted")[1].splitlines()
+            if line.startswith("| ") and not line.startswith(("| model", "| ---"))]
+    # one fraction: the converted model fine-tuned, all parameters and the write alone, beside the original
+    assert rows[:2] == ["transformer (the source)", "converted, before fine-tuning"]
+    assert rows[2] == "converted" and re.fullmatch(r"converted_write[1-9]\d*", rows[3]) and rows[4:] == ["original"]
+    assert "fine-tuned for 20 % of N: all parameters (`converted`), or the write alone" in table
     assert_length_rows(table, pair)
     assert (tmp_path / "results" / "curves_transformer_cpu.png").stat().st_size > 0
     logs = {m: (tmp_path / "results" / "cpu" / m / "train.log").read_text() for m in pair}

@@ -74,8 +74,9 @@ def test_every_transformer_weight_is_kept_and_only_the_write_is_new(toy):
         assert torch.equal(converted["model"][key], tensor), key
     assert sorted(set(converted["model"]) - set(original["model"])) == [
         "encoder.writers.0.W_alpha.weight", "encoder.writers.0.window_log_width"]
-    # The write starts as the position window, each width at 1/K (see MemoryWrite).
-    assert torch.allclose(converted["model"]["encoder.writers.0.window_log_width"], torch.full((K,), -math.log(K)))
+    # The write starts as the position window alone, each width at half a row, 1/(2K) (start_write_nearest).
+    assert torch.allclose(converted["model"]["encoder.writers.0.window_log_width"], torch.full((K,), -math.log(2 * K)))
+    assert not converted["model"]["encoder.writers.0.W_alpha.weight"].any()
     assert converted["cfg"].model.arch == "transformer_memattn_iwslt_de_en"
     assert converted["cfg"].model.memory_k == K
     # The training position and the optimizer moments of the kept weights carry over, the write's start fresh.
@@ -170,6 +171,50 @@ def test_converted_decoder_equals_the_transformer_when_the_write_copies_the_stat
             assert torch.allclose(hypothesis["positional_scores"], wanted["positional_scores"], atol=1e-5)
 
 
+def window_weights(length, rows, width):
+    """alpha of a write that is its position window alone, by loops: row k (0-based) weighs
+    token s by exp(-(r_s - c_k)^2 / 2 width^2), r_s = (s + 1/2) / length, c_k = (k + 1/2) / rows,
+    normalised over the tokens (transformer_memattn's --memory-encoder-normalize time)."""
+    alpha = torch.zeros(length, rows, dtype=torch.float64)
+    for k in range(rows):
+        scores = [math.exp(-((s + 0.5) / length - (k + 0.5) / rows) ** 2 / (2 * width ** 2)) for s in range(length)]
+        for s in range(length):
+            alpha[s, k] = scores[s] / sum(scores)
+    return alpha
+
+
+@pytest.mark.parametrize("length", [2, 6, 11])
+def test_the_write_starts_at_the_nearest_states(toy, length):
+    """The default start: C_k is the states around (k - 1/2)/K, each window half a row wide; with
+    |S| <= K/2 each row is within 2 % of the one nearest state."""
+    converted, task = load(toy["converted"])
+    dictionary = task.source_dictionary
+    torch.manual_seed(length)
+    src_tokens = torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (2, length - 1)),
+                            torch.full((2, 1), dictionary.eos())], dim=1)
+    with torch.no_grad():
+        out = converted.encoder.forward_scriptable(src_tokens, torch.full((2,), length), False, None)
+        states = out["encoder_out"][0].transpose(0, 1).double()
+        memory = converted.encoder(src_tokens, torch.full((2,), length))["memory"][0][:, 0].double()
+    alpha = window_weights(length, K, 1 / (2 * K))
+    assert torch.allclose(memory, alpha.T @ states, atol=1e-5)
+    if 2 * length <= K:
+        nearest = [min(range(length), key=lambda s: abs((s + 0.5) / length - (k + 0.5) / K)) for k in range(K)]
+        assert all(alpha[nearest[k], k] > 0.98 for k in range(K))
+
+
+def test_write_start_model_keeps_the_initialisation_of_training_from_scratch(toy, tmp_path, capsys):
+    """--write-start model: W_alpha random, each window a row wide (1/K), as MemoryWrite starts."""
+    path = tmp_path / "model_start.pt"
+    convert_cli.main([str(toy["transformer"]), str(path), "--memory-k", str(K), "--write-start", "model"])
+    converted = checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]
+    assert torch.allclose(converted["encoder.writers.0.window_log_width"], torch.full((K,), -math.log(K)))
+    assert converted["encoder.writers.0.W_alpha.weight"].std() > 0
+    without_window = tmp_path / "no_window.pt"
+    convert_cli.main([str(toy["transformer"]), str(without_window), "--memory-k", str(K), "--no-memory-position-window"])
+    assert "encoder.writers.0.window_log_width" not in checkpoint_utils.load_checkpoint_to_cpu(str(without_window))["model"]
+
+
 def save_variant(toy, path, arch=None, **model_options):
     """The trained transformer's checkpoint with another --arch or model options, its
     weights rebuilt by fairseq for them."""
@@ -193,6 +238,9 @@ REFUSALS = {  # name: (how to make the checkpoint, extra options, what the error
     "mix read": (None, ["--memory-read", "mix"], "--memory-read mix reads the memory"),
     "other option": (None, ["--lr", "1"], "unrecognized arguments: --lr"),
     "bad value": (None, ["--memory-encoder-score", "cosine"], "argument --memory-encoder-score: invalid choice"),
+    "bad write start": (None, ["--write-start", "zero"], "argument --write-start: invalid choice: 'zero'"),
+    "nearest without window": (None, ["--write-start", "nearest", "--no-memory-position-window"],
+                               "--write-start nearest starts the write from the position window"),
     "not a checkpoint": ("text", [], "is not a fairseq checkpoint (not a file torch.save writes"),
     "missing": ("missing", [], "checkpoint not found"),
     "folder": ("folder", [], "is a folder: give a checkpoint file in it (checkpoint_last.pt)"),
@@ -315,6 +363,21 @@ def test_fairseq_train_fine_tunes_the_converted_model(toy, tmp_path, how):
     assert (tmp_path / "checkpoint_last.pt").is_file()
 
 
+def test_the_recipe_trains_the_write_alone_to_each_total_on_its_way():
+    """recipes.convert.run's fairseq-train runs, (total, write alone), for N = 2,000."""
+    from argparse import Namespace
+
+    from recipes.convert.run import stages
+
+    def plan(fractions, write_only_updates):
+        return stages(Namespace(fractions=fractions, write_only_updates=write_only_updates), 2000)
+
+    assert plan([0.02, 0.05, 0.1], 0) == [(2040, False), (2100, False), (2200, False)]
+    assert plan([0.02, 0.05, 0.1], 40) == [(2040, True), (2100, False), (2200, False)]
+    assert plan([0.05, 0.1], 150) == [(2100, True), (2150, True), (2200, False)]
+    assert plan([0.05, 0.1], 200) == [(2100, True), (2200, True)]
+
+
 def recipe(*argv):
     """python -m recipes.convert.run, as a user runs it."""
     result = subprocess.run([sys.executable, "-m", "recipes.convert.run", *argv],
@@ -356,3 +419,26 @@ def test_recipe_converts_trains_and_reports_at_toy_size(toy, tmp_path):
     recipe("train", "scratch", *common, *TINY_SIZES)
     recipe("report", *common)
     assert [log.stat().st_size for log in logs] == sizes and (out / "table.md").read_text() == table
+
+
+@pytest.mark.slow
+def test_write_start_recipe_measures_each_start_beside_the_converter(toy, tmp_path):
+    """recipes.convert.write_start's table: the transformer and every start, on valid and on valid
+    joined two by two; its nearest row is what fairseq-memattn-convert writes by default."""
+    from recipes.convert import run as convert_run
+    from recipes.convert import write_start
+
+    result = subprocess.run([sys.executable, "-m", "recipes.convert.write_start", "--data", str(toy["data"]),
+                             "--source", str(toy["transformer"]), "--out", str(tmp_path), "--group", "2"],
+                            env=clean_env(), capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in (tmp_path / "write_start.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith(("| write", "| ---"))]
+    assert [row[0] for row in rows] == ["the transformer"] + [
+        f"W_alpha {alpha}, w_k = {width:.2f} rows" for alpha, width in write_start.VARIANTS]
+    assert all(float(cell) > 0 for row in rows for cell in row[1:])
+    default = tmp_path / "default.pt"
+    convert_cli.main([str(toy["transformer"]), str(default), "--memory-k", "64"])
+    nearest = rows[1 + write_start.VARIANTS.index(("zero", convert.NEAREST_WIDTH))]
+    assert nearest[1] == f"{convert_run.validation_loss(str(default), str(toy['data']))[0]:.3f}"

@@ -18,7 +18,8 @@ fairseq-memattn-convert: a trained fairseq transformer into a transformer_mematt
 The two models share every weight but the write (Eq. 4-5): embeddings, positions, encoder
 layers, decoder self-attention, feed-forward blocks, layer norms and output projection are
 copied, and each decoder layer's encoder-attention becomes that layer's attention read of the
-memory. The write is new, initialised as transformer_memattn initialises it.
+memory. The write is new; with the position window it starts at the encoder states nearest
+each row's position (--write-start).
 
 OUT keeps the checkpoint's update count, learning-rate schedule, data position and, for
 fairseq's plain optimizers, the optimizer moments of the kept weights, so
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     import fairseq_memattn
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from ..convert import MEMATTN_ARCH
+    from ..convert import MEMATTN_ARCH, WRITE_STARTS
 
     fairseq_memattn.register()  # the architecture whose options are listed
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=DESCRIPTION,
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="the folder with the task's dictionaries, if not where the "
                                        "checkpoint was trained")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--write-start", choices=WRITE_STARTS,
+                        help="how the write (Eq. 4-5) starts: nearest (the default with the position "
+                             "window), W_alpha = 0 and each window half a row wide, so C_k is the encoder "
+                             "state nearest relative position (k - 1/2)/K; model, as transformer_memattn "
+                             "starts training from scratch (W_alpha random, windows a row wide)")
     group = parser.add_argument_group(
         f"memory options (those of fairseq-train --arch {MEMATTN_ARCH}; not given: the "
         "architecture's defaults)")
@@ -72,7 +78,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     options = {name: value for name, value in vars(args).items() if name.startswith("memory_")}
     with one_line_errors(PROG):
-        convert(args.checkpoint, args.out, options, args.data, args.force)
+        convert(args.checkpoint, args.out, options, args.data, args.force, args.write_start)
     print(f"wrote {args.out}")
 
 

@@ -538,10 +538,12 @@ def conversion_section(rows, fractions, valid_loss_source):
         return []
     lines = ["## The converged transformer converted to transformer_memattn", "",
              "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
-             "window (`fairseq-memattn-convert`), then fine-tuned (all parameters) for "
-             + " and ".join(f"{f:.0%}".replace("%", " %") for f in fractions) + " of N; beside it "
-             "the transformer continued from the same checkpoint for as long (`original`). Both keep the "
-             "checkpoint's optimizer state and schedule (`recipes/convert/run.py`). Test sacreBLEU and chrF, "
+             "window (`fairseq-memattn-convert`), then fine-tuned for "
+             + " and ".join(f"{f:.0%}".replace("%", " %") for f in fractions) + " of N: all parameters "
+             "(`converted`)" + (", or the write alone, every other weight as converted (`converted_writeU`, "
+                                "for U updates)" if any(row[0].startswith("converted_write") for row in rows) else "")
+             + "; beside it the transformer continued from the same checkpoint for as long (`original`). All keep "
+             "the checkpoint's optimizer state and schedule (`recipes/convert/run.py`). Test sacreBLEU and chrF, "
              f"beam 5; validation loss (label-smoothed) {valid_loss_source}.", "",
              "| model | updates | fine-tuned | test BLEU | chrF | valid loss |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -4,8 +4,8 @@ the architecture's defaults) on the Bible en-fr data, side by side on one thread
 validation loss has not improved for --patience (5) epochs and then decoded at once (best checkpoint
 and the average of the last epochs'), the test split from the best checkpoints timed one at a time once
 both have stopped; then the converged transformer converted to transformer_memattn and fine-tuned for
-5 % and 10 % of its updates beside the transformer continued as long (``recipes/convert/run.py``); the
-table and curves in results/bible/converged/.
+5 % and 10 % of its updates, all parameters and the write alone, beside the transformer continued as
+long (``recipes/convert/run.py``); the table and curves in results/bible/converged/.
 ``--pair lstm`` trains ``lstm_att`` against ``lstm_memattn`` (Table 2's setting) and the variant the
 LSTM gap's diagnosis points to, the same way (results/bible/converged/cpu_lstm/).
 
@@ -189,12 +189,21 @@ def conversion_command(settings, *step):
             *map(str, settings.fractions), *settings.extra]
 
 
+def conversion_runs(settings, updates):
+    """(run name, recipes/convert/run.py train's options) of the fine-tunings: all parameters, the write
+    alone for the largest fraction, and the transformer continued."""
+    write_only = max(convert_run.totals(updates, settings.fractions)) - updates
+    return [("converted", ["converted"]), (f"converted_write{write_only}", ["converted", "--write-only-updates",
+                                                                           str(write_only)]),
+            ("original", ["original"])]
+
+
 def convert(args, lock):
-    """Convert, then fine-tune the converted model beside the transformer continued, side by side."""
+    """Convert, then the fine-tunings of ``conversion_runs``, side by side."""
     settings = conversion_settings(args)
     subprocess.run(conversion_command(settings, "convert"), check=True, cwd=compare.REPO, pass_fds=(lock,))
-    runs = [subprocess.Popen(conversion_command(settings, "train", run), cwd=compare.REPO, pass_fds=(lock,))
-            for run in ("converted", "original")]
+    runs = [subprocess.Popen(conversion_command(settings, "train", *options), cwd=compare.REPO, pass_fds=(lock,))
+            for _, options in conversion_runs(settings, convert_run.source_updates(settings.source))]
     return all(run.wait() == 0 for run in runs)
 
 
@@ -205,7 +214,8 @@ def conversion_rows(args):
     if not os.path.isfile(settings.source):
         return ()
     updates = convert_run.source_updates(settings.source)
-    evaluations = ["source", "converted_0"] + [os.path.join(run, f"eval_{total}") for run in ("converted", "original")
+    evaluations = ["source", "converted_0"] + [os.path.join(run, f"eval_{total}")
+                                               for run, _ in conversion_runs(settings, updates)
                                                for total in convert_run.totals(updates, settings.fractions)]
     if not all(os.path.isfile(os.path.join(settings.out, folder, "score.json")) for folder in evaluations):
         return ()

@@ -15,7 +15,8 @@ the totals are N + 2 %, 5 %, 10 %, 25 % of N (--fractions).
 checkpoint_last.pt, and keeps checkpoint_TOTAL.pt; the converted and original runs start from the
 converted checkpoint and from a copy of the transformer's checkpoint_last.pt, so both keep its
 update count, learning-rate schedule, optimizer moments and data position. ``--write-only-updates
-U`` first trains only the write for U updates (the other parameters frozen), then everything.
+U`` first trains only the write for U updates (the other parameters frozen, each total on the way
+kept too), then everything.
 ``report`` evaluates every checkpoint (test sacreBLEU and chrF with beam 5 via ``recipes.wmt17.run
 evaluate``, validation loss via fairseq-validate, decoding seconds) and times the original and the
 converted model on sources of --long-length tokens. Re-running any step skips what is done.
@@ -96,12 +97,11 @@ def seed_checkpoint(args):
 
 
 def stages(args, updates):
-    """(total, write only) for each fairseq-train run, in order."""
-    planned = [(total, False) for total in totals(updates, args.fractions)]
-    if args.write_only_updates:
-        first = updates + args.write_only_updates
-        planned = [(first, True)] + [(total, False) for total in totals(updates, args.fractions) if total > first]
-    return planned
+    """(total, write only) for each fairseq-train run, in order: the write alone up to N + U
+    (stopping at each total on the way), then everything."""
+    write_only_to = updates + args.write_only_updates
+    planned = sorted({*totals(updates, args.fractions), *([write_only_to] if args.write_only_updates else [])})
+    return [(total, total <= write_only_to) for total in planned]
 
 
 def train(args):
