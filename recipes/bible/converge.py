@@ -538,7 +538,7 @@ def conversion_section(rows, fractions, valid_loss_source):
         return []
     lines = ["## The converged transformer converted to transformer_memattn", "",
              "The transformer's best checkpoint above (N updates), converted with K = 64 and the position "
-             "window (`fairseq-memattn-convert`), then fine-tuned for "
+             "window, the write starting at the nearest states (`fairseq-memattn-convert`), then fine-tuned for "
              + " and ".join(f"{f:.0%}".replace("%", " %") for f in fractions) + " of N: all parameters "
              "(`converted`)" + (", or the write alone, every other weight as converted (`converted_writeU`, "
                                 "for U updates)" if any(row[0].startswith("converted_write") for row in rows) else "")
