@@ -167,8 +167,8 @@ def carried_optimizer_state(state: Optional[dict], source_names: List[str],
 
 def start_write_nearest(target, width: float = NEAREST_WIDTH) -> None:
     """The write's scores reduced to the position window (W_alpha = 0), every width w_k at
-    ``width`` rows (``window_scores``): C_k takes the states within about half a row's stretch
-    of (k - 1/2)/K, i.e. the nearest state where |S| <= K."""
+    ``width`` rows (``window_scores``): at the default half row, C_k takes the states within
+    about half a row's stretch of (k - 1/2)/K, i.e. the nearest state where |S| <= K."""
     import torch
 
     with torch.no_grad():

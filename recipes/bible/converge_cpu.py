@@ -193,8 +193,8 @@ def conversion_runs(settings, updates):
     """(run name, recipes/convert/run.py train's options) of the fine-tunings: all parameters, the write
     alone for the largest fraction, and the transformer continued."""
     write_only = max(convert_run.totals(updates, settings.fractions)) - updates
-    return [("converted", ["converted"]), (f"converted_write{write_only}", ["converted", "--write-only-updates",
-                                                                           str(write_only)]),
+    return [("converted", ["converted"]),
+            (convert_run.run_name("converted", write_only), ["converted", "--write-only-updates", str(write_only)]),
             ("original", ["original"])]
 
 

@@ -81,10 +81,9 @@ def convert(args):
     subprocess.run(command, check=True, cwd=REPO)
 
 
-def run_name(args):
-    if args.run == "converted" and args.write_only_updates:
-        return f"converted_write{args.write_only_updates}"
-    return args.run
+def run_name(run, write_only_updates=0):
+    """The run's folder name: converted_writeU for the converted model with the write alone first."""
+    return f"converted_write{write_only_updates}" if run == "converted" and write_only_updates else run
 
 
 def checkpoint_folder(args, run):
@@ -106,7 +105,7 @@ def stages(args, updates):
 
 def train(args):
     updates = source_updates(args.source)
-    run = run_name(args)
+    run = run_name(args.run, args.write_only_updates)
     folder = checkpoint_folder(args, run)
     seed = seed_checkpoint(args)
     if seed is not None and not os.path.isfile(os.path.join(folder, "checkpoint_last.pt")):
@@ -193,13 +192,18 @@ def long_sources(data, folder, length):
         with open(os.path.join(folder, "bpe", f"test.{lang}"), "w", encoding="utf-8") as f:
             f.writelines(" ".join(piece) + "\n" for piece in pieces)
     shutil.copyfile(os.path.join(folder, "bpe", "test.fr"), os.path.join(folder, "ref", "test.fr"))
+    binarize(data, os.path.join(folder, "bpe"), "test", folder)
+    return folder
+
+
+def binarize(data, text, split, folder):
+    """TEXT/SPLIT.{en,fr} binarized into FOLDER/data-bin with DATA's dictionaries."""
     binarized = os.path.join(data, "data-bin")
     subprocess.run([fairseq_tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "fr",
-                    "--testpref", os.path.join(folder, "bpe", "test"), "--destdir", os.path.join(folder, "data-bin"),
+                    f"--{split}pref", os.path.join(text, split), "--destdir", os.path.join(folder, "data-bin"),
                     "--srcdict", os.path.join(binarized, "dict.en.txt"),
                     "--tgtdict", os.path.join(binarized, "dict.fr.txt"), "--workers", "1"],
                    check=True, capture_output=True)
-    return folder
 
 
 def time_long(checkpoint, long_data, out, length):

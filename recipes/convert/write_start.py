@@ -10,11 +10,9 @@ of the source (1/K). Measured on the valid split and on its sentences joined in 
 
 import argparse
 import os
-import subprocess
 import tempfile
 
 from recipes.convert import run as convert_run
-from recipes.wmt17.run import fairseq_tool
 
 # (W_alpha, window width in rows): fairseq-memattn-convert's two starts and the widths around them
 VARIANTS = [("random", 1.0), ("zero", 1.0), ("zero", 2 / 3), ("zero", 0.5), ("zero", 0.4), ("zero", 1 / 3),
@@ -30,12 +28,7 @@ def grouped_valid(data, folder, group):
             lines = [line.strip() for line in f]
         with open(os.path.join(folder, f"valid.{lang}"), "w", encoding="utf-8") as f:
             f.writelines(" ".join(lines[i:i + group]) + "\n" for i in range(0, len(lines) - group + 1, group))
-    binarized = os.path.join(data, "data-bin")
-    subprocess.run([fairseq_tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "fr",
-                    "--validpref", os.path.join(folder, "valid"), "--destdir", os.path.join(folder, "data-bin"),
-                    "--srcdict", os.path.join(binarized, "dict.en.txt"),
-                    "--tgtdict", os.path.join(binarized, "dict.fr.txt"), "--workers", "1"],
-                   check=True, capture_output=True)
+    convert_run.binarize(data, folder, "valid", folder)
     with open(os.path.join(folder, "valid.en"), encoding="utf-8") as f:
         lengths = sorted(len(line.split()) + 1 for line in f)
     return lengths[len(lengths) // 2]
