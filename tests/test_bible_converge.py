@@ -344,6 +344,18 @@ def test_cpu_driver_refuses_a_fraction_that_is_not_positive(tmp_path, capsys):
     assert stopped.value.code == 2 and "--convert-fractions 0.0: must be greater than 0" in capsys.readouterr().err
 
 
+def test_cpu_report_refuses_a_folder_without_the_runs_logs(tmp_path, capsys):
+    from recipes.bible import converge_cpu
+
+    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    with pytest.raises(SystemExit) as stopped:
+        converge_cpu.main(["--data", str(tmp_path / "data"), "--pair", "lstm", "--out", str(tmp_path / "nothing"),
+                           "--report"])
+    assert stopped.value.code == 2
+    assert f"--out {tmp_path / 'nothing'}: no run's log under {tmp_path / 'nothing' / 'cpu'}" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+
+
 def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
     from recipes.bible import converge_cpu
 

@@ -311,6 +311,9 @@ def main(argv=None):
     if not os.path.isdir(os.path.join(args.data, "data-bin")):
         p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
     if args.report:
+        if not any(os.path.isfile(log_path(args, model)) for model in PAIRS[args.pair]):
+            p.error(f"--out {args.out}: no run's log under {stage_dir(args)} to report (--out is the folder "
+                    "the driver wrote)")
         write_results(args, conversion_rows(args))
         return 0
     lock = hold_lock(args.work)
