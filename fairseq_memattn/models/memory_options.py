@@ -8,40 +8,13 @@ from typing import Optional, Tuple
 import numpy as np
 from fairseq import utils
 
+from ..cli.arg_types import positive_int
 from ..errors import UserError
 from ..modules.memory import ENCODER_NORMALIZATIONS, POSITION_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
 
 
-def integer_at_least(minimum: int):
-    """An argparse ``type=``: an integer >= minimum, else argparse's one-line error
-    ("argument --memory-k: invalid value 0 (must be an integer >= 1)") before anything runs."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r} (must be an integer >= {minimum})")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"invalid value {value} (must be an integer >= {minimum})")
-        return value
-
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def probability_below_one(text: str) -> float:
-    """An argparse ``type=`` for a dropout probability: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r} (must be a number in [0, 1))")
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"invalid value {value:g} (must be a number in [0, 1))")
-    return value
-
-
-positive_int = integer_at_least(1)
 
 
 def add_memory_args(parser):

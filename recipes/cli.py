@@ -1,0 +1,61 @@
+"""Paths on the recipes' command lines, checked as argparse ``type=`` functions: a path that cannot
+be what its option needs is refused in argparse's one line ("argument --data: DIR: no such folder")
+before any work starts, so that nothing trains, decodes or is deleted first. Numbers:
+fairseq_memattn.cli.arg_types."""
+
+import argparse
+import os
+
+
+def _file_on_the_way(path: str):
+    """The first existing ancestor of ``path`` (itself included) that is not a folder, or None."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
+
+
+def existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text}: {'a folder, not a file' if os.path.isdir(text) else 'no such file'}")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: {'a file, not a folder' if os.path.exists(text) else 'no such folder'}")
+    return text
+
+
+def folder_with(*parts: str):
+    """An existing folder holding each of ``parts`` (relative paths), e.g. ``folder_with("data-bin")``."""
+    def parse(text: str) -> str:
+        existing_dir(text)
+        missing = [part for part in parts if not os.path.exists(os.path.join(text, part))]
+        if missing:
+            raise argparse.ArgumentTypeError(f"{text}: no {', '.join(missing)} in it")
+        return text
+
+    parse.__name__ = "folder"
+    return parse
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into: one that exists, or a path where one can be made."""
+    blocked = _file_on_the_way(text)
+    if blocked:
+        raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write at the end of the work: not a folder, and its folder is made now, so that
+    the work is never lost to a missing folder."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: a folder (give the file's name)")
+    folder = os.path.dirname(os.path.abspath(text))
+    blocked = _file_on_the_way(folder)
+    if blocked:
+        raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
+    os.makedirs(folder, exist_ok=True)
+    return text

@@ -1,0 +1,49 @@
+"""recipes/cli.py's path checks and fairseq_memattn.cli.arg_types's numbers: argparse's one line
+naming the bad value, before any work."""
+
+import argparse
+
+import pytest
+
+from fairseq_memattn.cli import arg_types
+from recipes import cli
+
+
+def refusal(kind, text):
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        kind(text)
+    return str(refused.value)
+
+
+def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert refusal(cli.existing_file, str(tmp_path / "none")) == f"{tmp_path / 'none'}: no such file"
+    assert refusal(cli.existing_file, str(tmp_path)) == f"{tmp_path}: a folder, not a file"
+    assert refusal(cli.existing_dir, str(a_file)) == f"{a_file}: a file, not a folder"
+    assert refusal(cli.folder_with("data-bin", "ref"), str(tmp_path)) == f"{tmp_path}: no data-bin, ref in it"
+    assert refusal(cli.output_dir, str(a_file / "out")) == f"{a_file / 'out'}: {a_file} is a file, not a folder"
+    assert refusal(cli.output_file, str(a_file / "out" / "t.md")) == f"{a_file / 'out' / 't.md'}: {a_file} is a file, not a folder"
+    assert refusal(cli.output_file, str(tmp_path)) == f"{tmp_path}: a folder (give the file's name)"
+
+
+def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(tmp_path):
+    (tmp_path / "data-bin").mkdir()
+    assert cli.folder_with("data-bin")(str(tmp_path)) == str(tmp_path)
+    assert cli.output_dir(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    assert not (tmp_path / "new").exists()  # a folder is made by whoever writes into it
+    target = tmp_path / "results" / "table.md"
+    assert cli.output_file(str(target)) == str(target) and target.parent.is_dir() and not target.exists()
+
+
+@pytest.mark.parametrize("kind, text, message", [
+    (arg_types.positive_int, "0", "invalid value 0 (must be an integer >= 1)"),
+    (arg_types.non_negative_int, "-1", "invalid value -1 (must be an integer >= 0)"),
+    (arg_types.positive_int, "2.5", "invalid value '2.5' (must be an integer >= 1)"),
+    (arg_types.positive_number, "0", "invalid value 0 (must be a finite number > 0)"),
+    (arg_types.positive_number, "nan", "invalid value nan (must be a finite number > 0)"),
+    (arg_types.positive_number, "x", "invalid value 'x' (must be a number > 0)"),
+    (arg_types.probability_below_one, "1", "invalid value 1 (must be a number in [0, 1))"),
+])
+def test_numbers_out_of_range_are_refused_with_what_is_allowed(kind, text, message):
+    assert refusal(kind, text) == message
