@@ -3,6 +3,8 @@ models' BLEU against its own, and no evaluation of a run that is still training.
 
 import json
 
+from test_bible_cli import prepared_data
+
 from recipes.bible import compare
 
 
@@ -32,7 +34,7 @@ def test_report_tables_per_baseline(tmp_path):
     (checkpoints / "lstm_att").mkdir(parents=True)
     (checkpoints / "lstm_att" / "checkpoint_best.pt").write_text("not a checkpoint")
 
-    compare.main(["report", "--data", str(tmp_path / "none"), "--out", str(out),
+    compare.main(["report", "--data", prepared_data(tmp_path / "data"), "--out", str(out),
                   "--checkpoints", str(checkpoints)])
     table = (out / "table.md").read_text()
     transformers = table[table.index("## Against transformer"):table.index("## Against lstm_att")]
@@ -43,3 +45,19 @@ def test_report_tables_per_baseline(tmp_path):
     assert not (out / "lstm_att" / "score.json").exists()
     for baseline in compare.COMPARISONS:
         assert (out / f"curves_{baseline}.png").stat().st_size > 0
+
+
+def test_report_leaves_out_a_run_that_never_trained(tmp_path, capsys):
+    out = tmp_path / "results"
+    (out / "transformer").mkdir(parents=True)
+    (out / "transformer" / "train.log").write_text("$ fairseq-train ...\nTraceback (most recent call last):\n"
+                                                  "FileNotFoundError: data-bin/dict.en.txt\n")
+    (out / "transformer_memattn").mkdir()
+    (out / "transformer_memattn" / "train.log").write_text(train_log([7.0, 6.0]))
+    (out / "transformer_memattn" / "score.json").write_text(json.dumps({"bleu": 9.5, "decoding_seconds": 2.0}))
+    compare.main(["report", "--data", prepared_data(tmp_path / "data"), "--out", str(out),
+                  "--checkpoints", str(tmp_path / "checkpoints")])
+    table = (out / "table.md").read_text()
+    assert "| transformer_memattn | 200 |" in table and "| transformer |" not in table
+    assert (f"transformer: no validation in {out / 'transformer'}/train.log (its training failed at the start, "
+            "or is in its first epoch): left out") in capsys.readouterr().err

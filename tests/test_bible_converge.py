@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 from conftest import clean_env
+from test_bible_cli import prepared_data
 
 from recipes.bible import converge
 from recipes.train_log import read_train_log
@@ -106,9 +107,11 @@ def test_broken_environment_fails_in_the_smoke_step(own_pair_recipe, tmp_path):
 
 def test_run_refuses_a_work_folder_an_earlier_run_left(tmp_path):
     (tmp_path / "w" / "checkpoints" / "transformer").mkdir(parents=True)  # fairseq-train would resume these
-    ran = driver("run", "--bundle", str(tmp_path), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
-                 "--cpu", timeout=120)
-    assert ran.returncode == 2 and "--work" in ran.stdout and "not empty" in ran.stdout
+    ran = driver("run", "--bundle", prepared_data(tmp_path / "bundle"), "--out", str(tmp_path / "out"), "--work",
+                 str(tmp_path / "w"), "--cpu", timeout=120)
+    assert ran.returncode == 2 and ran.stderr.splitlines()[-1].endswith(
+        f"argument --work: {tmp_path / 'w'}: not empty (fairseq-train would resume an earlier run's checkpoints)")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_decoding_still_running_at_the_deadline_is_killed(tmp_path, monkeypatch):
@@ -223,7 +226,7 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
 
     from recipes.bible import converge_cpu
 
-    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    prepared_data(tmp_path / "data")
     first = "lstm_att"
     decoded_first = threading.Event()
     events = []
@@ -340,17 +343,17 @@ def test_cpu_driver_refuses_a_fraction_that_is_not_positive(tmp_path, capsys):
     from recipes.bible import converge_cpu
 
     with pytest.raises(SystemExit) as stopped:
-        converge_cpu.main(["--data", str(tmp_path), "--convert-fractions", "0.1", "0"])
-    assert stopped.value.code == 2 and "--convert-fractions 0.0: must be greater than 0" in capsys.readouterr().err
+        converge_cpu.main(["--data", prepared_data(tmp_path), "--convert-fractions", "0.1", "0"])
+    assert stopped.value.code == 2
+    assert "argument --convert-fractions: invalid value 0 (must be a finite number > 0)" in capsys.readouterr().err
 
 
 def test_cpu_report_refuses_a_folder_without_the_runs_logs(tmp_path, capsys):
     from recipes.bible import converge_cpu
 
-    (tmp_path / "data" / "data-bin").mkdir(parents=True)
     with pytest.raises(SystemExit) as stopped:
-        converge_cpu.main(["--data", str(tmp_path / "data"), "--pair", "lstm", "--out", str(tmp_path / "nothing"),
-                           "--report"])
+        converge_cpu.main(["--data", prepared_data(tmp_path / "data"), "--pair", "lstm", "--out",
+                           str(tmp_path / "nothing"), "--report"])
     assert stopped.value.code == 2
     assert f"--out {tmp_path / 'nothing'}: no run's log under {tmp_path / 'nothing' / 'cpu'}" in capsys.readouterr().err
     assert not (tmp_path / "nothing").exists()
@@ -359,7 +362,7 @@ def test_cpu_report_refuses_a_folder_without_the_runs_logs(tmp_path, capsys):
 def test_a_second_cpu_driver_exits_while_the_first_holds_the_lock(tmp_path):
     from recipes.bible import converge_cpu
 
-    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    prepared_data(tmp_path / "data")
     assert converge_cpu.hold_lock(str(tmp_path / "work")) is not None
     ran = cpu_driver(tmp_path / "data", tmp_path, timeout=120)
     assert ran.returncode == 0 and "already running" in ran.stdout
@@ -371,7 +374,7 @@ def test_cpu_driver_refuses_logs_whose_checkpoints_are_gone(tmp_path):
     while counting patience from the old curve, so the driver stops with one line and starts nothing."""
     from recipes.bible import converge_cpu
 
-    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    prepared_data(tmp_path / "data")
     log = tmp_path / "results" / "cpu" / "transformer_memattn" / "train.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | "

@@ -26,6 +26,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.bible.options import prepared
+from recipes.cli import output_dir
 from recipes.train_log import plot_curves, read_train_log, run_logged
 from recipes.wmt17.run import fairseq_tool
 
@@ -87,7 +90,11 @@ def train(args):
                "--skip-invalid-size-inputs-valid-test", "--required-batch-size-multiple", "1",
                "--no-epoch-checkpoints", "--save-dir", os.path.join(args.checkpoints, args.model),
                "--log-format", "simple", "--log-interval", "50", *device_flags(args.device), *args.extra]
-    return run_logged(command, os.path.join(run, "train.log"))
+    log = os.path.join(run, "train.log")
+    code = run_logged(command, log)
+    if code:
+        print(f"fairseq-train failed (exit {code}): see {log}", file=sys.stderr)
+    return code
 
 
 def report(args):
@@ -99,6 +106,10 @@ def report(args):
         if not os.path.isfile(os.path.join(run, "train.log")):
             continue
         log = read_train_log(os.path.join(run, "train.log"))
+        if not log["curve"]:
+            print(f"{model}: no validation in {run}/train.log (its training failed at the start, or is in its "
+                  "first epoch): left out", file=sys.stderr)
+            continue
         score_file = os.path.join(run, "score.json")
         # Only a finished run is evaluated: a score kept from a checkpoint still training would be stale.
         if not os.path.isfile(score_file) and log["stopped"] is not None and os.path.isfile(checkpoint):
@@ -158,10 +169,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("train", "report"))
     p.add_argument("model", nargs="?", choices=sorted(MODELS))
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
-    p.add_argument("--out", default=os.path.join(REPO, "results", "bible"))
-    p.add_argument("--checkpoints", default=os.path.join(REPO, "checkpoints", "bible"))
-    p.add_argument("--max-update", type=int, default=2000, help="the budget, equal for every model")
+    p.add_argument("--data", required=True, type=prepared("data-bin", "ref/test.fr"),
+                   help="recipes.wmt17.run prepare's output directory")
+    p.add_argument("--out", type=output_dir, default=os.path.join(REPO, "results", "bible"))
+    p.add_argument("--checkpoints", type=output_dir, default=os.path.join(REPO, "checkpoints", "bible"))
+    p.add_argument("--max-update", type=positive_int, default=2000, help="the budget, equal for every model")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu, or a GPU's precision (default cpu)")
     args, args.extra = p.parse_known_args(argv)

@@ -17,10 +17,13 @@ comes back is one archive: each run's command, train.log and hypotheses, the tes
 machine. Checkpoints stay in --work.
 ``report`` scores the archive here (sacreBLEU BLEU and chrF), takes the averaged checkpoint for a
 pair only where it beats the best one on validation for both models, and writes table.md and one
-curve plot per pair.
+curve plot per pair. Its --out is a new or empty folder, or an earlier report's (it holds the
+archive's machine.txt): there the files of the earlier run and report are replaced, and anything
+else (a README.md) is kept.
 """
 
 import argparse
+import fnmatch
 import gzip
 import json
 import os
@@ -36,7 +39,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from fairseq_memattn.cli.arg_types import non_negative_int, positive_int, positive_number
 from recipes.bible import compare, lstm_gap
+from recipes.bible.options import check, duplicates, prepared
+from recipes.cli import existing_file, folder_with, output_dir
 from recipes.convert import run as convert_run
 from recipes.train_log import finished, read_train_log
 
@@ -80,6 +86,11 @@ CONVERT_FRACTIONS = (0.05, 0.1)
 CONVERT_RUNS = ("converted", "original")
 TIMED_SECONDS = 60  # kept after the decoding and the conversion for the test split decoded alone
 ARCHIVE = "converged.tar.gz"
+# What run stages (and the archive holds), and what report adds beside it in --out: a report
+# replaces these there and keeps anything else. Every archive holds MARKER.
+MARKER = "machine.txt"
+STAGED = (MARKER, "command.txt", "cuda_tests.log", "convert", *MODELS)
+REPORTED = ("table.md", "curves_*.png")
 
 
 def log(message):
@@ -328,12 +339,8 @@ def convert(args, stage, work, deadline):
 def run(args):
     begun = time.monotonic()
     deadline = args.deadline = begun + args.minutes * 60 - 30  # the archive is written in the last 30 s
-    # A fresh folder: fairseq-train resumes from checkpoints it finds, and a machine may keep /tmp.
     if args.work is None:
         args.work = tempfile.mkdtemp(prefix="converge-")
-    elif os.path.isdir(args.work) and os.listdir(args.work):
-        log(f"error: --work {args.work} is not empty (an earlier run's checkpoints would be resumed)")
-        return 2
     stage = os.path.join(args.work, "converged")
     os.makedirs(stage)
     os.makedirs(args.out, exist_ok=True)
@@ -429,12 +436,42 @@ def read_run(folder, references):
     return run
 
 
+def archive_names(path):
+    """The top-level names under converged/ in the archive at PATH, or why it is not one of run's."""
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            names = tar.getnames()
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise argparse.ArgumentTypeError(f"{path}: not a readable .tar.gz ({error})")
+    if f"converged/{MARKER}" not in names:
+        raise argparse.ArgumentTypeError(f"{path}: no converged/{MARKER} in it (not an archive of `converge run`)")
+    return {name.split("/")[1] for name in names if name.startswith("converged/")}
+
+
+def replaced(out, incoming):
+    """What report replaces in OUT: what run staged or report wrote there, and INCOMING (the new
+    archive's names); refused (ArgumentTypeError) where OUT is neither new, empty nor an earlier
+    report's (its MARKER), so that another folder's results are never deleted."""
+    names = os.listdir(out) if os.path.isdir(out) else []
+    if names and MARKER not in names:
+        raise argparse.ArgumentTypeError(f"{out}: not empty, and no {MARKER} in it (not an earlier report's "
+                                         "folder): give a new or empty folder, or an earlier report's")
+    return [n for n in names if n in STAGED or n in incoming or any(fnmatch.fnmatch(n, r) for r in REPORTED)]
+
+
 def report(args):
-    shutil.rmtree(args.out, ignore_errors=True)
+    for name in args.replaced:
+        path = os.path.join(args.out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(args.archive) as tar:
             tar.extractall(tmp, filter="data")
-        shutil.move(os.path.join(tmp, "converged"), args.out)
+        for name in os.listdir(os.path.join(tmp, "converged")):
+            shutil.move(os.path.join(tmp, "converged", name), os.path.join(args.out, name))
     references = read_references(args.data)
     runs = {m: read_run(os.path.join(args.out, m), references) for m in MODELS
             if os.path.isfile(os.path.join(args.out, m, "train.log"))}
@@ -661,21 +698,25 @@ def write_table(args, device, runs, references, converted=()):
     return text
 
 
-def main(argv=None):
+def parse(argv=None):
+    """The command line, checked: a bad value ends in argparse's one line before anything runs."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     default_bundle = os.path.join(compare.REPO, ".gpu")
+    bundled = ("data-bin", *lstm_gap.REFERENCES)  # what run reads of the bundle
     pk = sub.add_parser("pack", help="here: data and wheels into the bundle folder")
-    pk.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
-    pk.add_argument("--bundle", default=default_bundle, help="default .gpu/ (ignored by git)")
+    pk.add_argument("--data", required=True, type=prepared(*bundled, "spm.model"),
+                    help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
+    pk.add_argument("--bundle", default=default_bundle, type=output_dir, help="default .gpu/ (ignored by git)")
     pk.add_argument("--no-wheels", action="store_true", help="the data only")
     r = sub.add_parser("run", help="there: smoke, train, decode, archive")
-    r.add_argument("--bundle", default=default_bundle)
-    r.add_argument("--out", required=True, help=f"where {ARCHIVE} goes")
-    r.add_argument("--work", help="checkpoints and the archive's staging: an empty or new folder "
-                                  "(default a new temporary one)")
-    r.add_argument("--minutes", type=float, default=8.0, help="the whole command's wall clock (default 8)")
-    r.add_argument("--decode-minutes", type=float, default=2.5,
+    r.add_argument("--bundle", default=default_bundle, type=folder_with(*bundled),
+                   help="what pack wrote (default .gpu/)")
+    r.add_argument("--out", required=True, type=output_dir, help=f"where {ARCHIVE} goes")
+    r.add_argument("--work", type=output_dir, help="checkpoints and the archive's staging: an empty or new folder "
+                                                   "(default a new temporary one)")
+    r.add_argument("--minutes", type=positive_number, default=8.0, help="the whole command's wall clock (default 8)")
+    r.add_argument("--decode-minutes", type=positive_number, default=2.5,
                    help="kept for decoding after training (default 2.5)")
     r.add_argument("--precision", choices=[d for d in compare.DEVICES if d != "cpu"], default="fp16",
                    help="fairseq-train's --fp16, --bf16 or --amp (default fp16)")
@@ -684,17 +725,48 @@ def main(argv=None):
                    help="the models to train (default the two pairs; VARIANTS on demand)")
     r.add_argument("--no-cuda-tests", action="store_true",
                    help="skip the CUDA-only tests that otherwise run beside the training")
-    r.add_argument("--smoke-updates", type=int, default=5)
-    r.add_argument("--max-update", type=int, default=0, help="a cap on updates (default none)")
+    r.add_argument("--smoke-updates", type=positive_int, default=5)
+    r.add_argument("--max-update", type=non_negative_int, default=0, help="a cap on updates (default 0: none)")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--train-args", default="", help="more fairseq-train options, one string")
     r.add_argument("--generate-args", default="", help="more fairseq-generate options, one string")
+    r.add_argument("--check", action="store_true",
+                   help="only check the options and print --out (converge_gpu.sh, before it installs anything)")
     rp = sub.add_parser("report", help="here: score the archive, table and curves")
-    rp.add_argument("archive")
-    rp.add_argument("--data", required=True, help="the folder pack read (for the references)")
-    rp.add_argument("--out", default=os.path.join(compare.REPO, "results", "bible", "converged", "gpu"))
+    rp.add_argument("archive", type=existing_file)
+    rp.add_argument("--data", required=True, type=prepared(*lstm_gap.REFERENCES, *lstm_gap.SOURCES),
+                    help="the folder pack read (for the references and the sources' lengths)")
+    rp.add_argument("--out", type=output_dir,
+                    default=os.path.join(compare.REPO, "results", "bible", "converged", "gpu"),
+                    help="new, empty, or an earlier report's folder, whose files from run and report are replaced "
+                         "(others, a README.md say, are kept); default results/bible/converged/gpu")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.command == "pack" and os.path.realpath(args.bundle) == os.path.realpath(args.data):
+        pk.error(f"argument --bundle: {args.bundle}: the --data folder itself (pack replaces its data-bin and ref)")
+    if args.command == "run":
+        if args.work is not None and os.path.isdir(args.work) and os.listdir(args.work):
+            r.error(f"argument --work: {args.work}: not empty (fairseq-train would resume an earlier run's "
+                    "checkpoints)")
+        left = args.minutes - args.decode_minutes
+        if left < 2:
+            r.error(f"argument --minutes: {args.minutes:g} minus --decode-minutes {args.decode_minutes:g} leaves "
+                    f"{left:g} minutes for the smoke step and training, at least 2 needed (raise --minutes or "
+                    "lower --decode-minutes)")
+        twice = duplicates(args.models)
+        if twice:
+            r.error(f"argument --models: {', '.join(twice)} given more than once")
+    if args.command == "report":
+        incoming = check(rp, "archive", archive_names, args.archive)
+        args.replaced = check(rp, "--out", lambda out: replaced(out, incoming), args.out)
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.command == "run" and args.check:
+        print(args.out)
+        return 0
     if args.command == "pack":
         return pack(args)
     if args.command == "run":

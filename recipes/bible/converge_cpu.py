@@ -28,7 +28,10 @@ import sys
 import threading
 from argparse import Namespace
 
-from recipes.bible import compare, converge
+from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from recipes.bible import compare, converge, lstm_gap
+from recipes.bible.options import prepared
+from recipes.cli import output_dir
 from recipes.convert import run as convert_run
 from recipes.train_log import plot_curves, read_train_log, run_logged
 
@@ -280,20 +283,24 @@ def hold_lock(work):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (data-bin, ref, spm.model)")
+    # Everything the driver reads of it, checked before hours of training find a part missing.
+    p.add_argument("--data", required=True, type=prepared("data-bin", *lstm_gap.REFERENCES, *lstm_gap.SOURCES),
+                   help="recipes.wmt17.run prepare's output folder (data-bin, ref, bpe)")
     p.add_argument("--pair", choices=sorted(PAIRS), default="transformer",
                    help="the models: " + "; ".join(f"{pair}: {' '.join(models)}" for pair, models in PAIRS.items())
                         + " (default transformer)")
-    p.add_argument("--work", help="checkpoints (default checkpoints/bible/converged, converged_lstm for --pair lstm)")
-    p.add_argument("--out", help="logs, hypotheses, table and curves (default results/bible/converged, its "
-                                 "cpu_lstm/ for --pair lstm)")
+    p.add_argument("--work", type=output_dir,
+                   help="checkpoints (default checkpoints/bible/converged, converged_lstm for --pair lstm)")
+    p.add_argument("--out", type=output_dir,
+                   help="logs, hypotheses, table and curves (default results/bible/converged, its cpu_lstm/ for "
+                        "--pair lstm)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--patience", type=int, default=converge.PATIENCE,
+    p.add_argument("--patience", type=positive_int, default=converge.PATIENCE,
                    help=f"epochs without a better validation loss that end a run (default {converge.PATIENCE})")
     p.add_argument("--train-args", type=shlex.split, default=[],
                    help="more fairseq-train options, one string (they override the recipe's)")
-    p.add_argument("--max-epoch", type=int, default=sys.maxsize, help="a cap on epochs (default none)")
-    p.add_argument("--convert-fractions", type=float, nargs="+", default=converge.CONVERT_FRACTIONS,
+    p.add_argument("--max-epoch", type=positive_int, default=sys.maxsize, help="a cap on epochs (default none)")
+    p.add_argument("--convert-fractions", type=positive_number, nargs="+", default=converge.CONVERT_FRACTIONS,
                    help="--pair transformer: fine-tune the converted transformer for these fractions of its updates "
                         f"(default {' '.join(map(str, converge.CONVERT_FRACTIONS))})")
     p.add_argument("--report", action="store_true",
@@ -301,15 +308,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.work = args.work or DEFAULT_WORK[args.pair]
     args.out = args.out or DEFAULT_OUT[args.pair]
-    for name in ("patience", "max_epoch"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    for fraction in args.convert_fractions:
-        if not fraction > 0:
-            p.error(f"--convert-fractions {fraction}: must be greater than 0")
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
-    if not os.path.isdir(os.path.join(args.data, "data-bin")):
-        p.error(f"--data {args.data}: no data-bin folder (run recipes.wmt17.run prepare)")
     if args.report:
         if not any(os.path.isfile(log_path(args, model)) for model in PAIRS[args.pair]):
             p.error(f"--out {args.out}: no run's log under {stage_dir(args)} to report (--out is the folder "

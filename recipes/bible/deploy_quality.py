@@ -18,6 +18,11 @@ import os
 import sys
 import time
 
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.bible.options import check, language_pair, prepared
+from recipes.cli import existing_file, output_dir, output_file
+from recipes.wmt17.data import check_pair
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 
@@ -33,6 +38,12 @@ def fairseq_best(generate_output: str):
     return best
 
 
+def pair_files(src: str, tgt: str, subset: str):
+    """What the decoders read of prepare's output for the pair and SUBSET."""
+    return (f"data-bin/dict.{src}.txt", f"data-bin/dict.{tgt}.txt", f"data-bin/{subset}.{src}-{tgt}.{src}.idx",
+            f"data-bin/{subset}.{src}-{tgt}.{tgt}.idx", f"ref/{subset}.{tgt}", "spm.model")
+
+
 def sources(data_bin: str, src: str, tgt: str, subset: str):
     """The binarized sources fairseq-generate reads (token ids, EOS last)."""
     from fairseq.data import data_utils
@@ -43,26 +54,32 @@ def sources(data_bin: str, src: str, tgt: str, subset: str):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output (data-bin/, ref/, spm.model)")
-    p.add_argument("--pair", default="en-fr")
-    p.add_argument("--subset", default="test")
-    p.add_argument("--workdir", required=True, help="the exports and fairseq-generate's output go here")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", help="write the markdown report here")
+    p.add_argument("checkpoint", type=existing_file, help="a transformer_memattn or lstm_memattn checkpoint")
+    p.add_argument("--data", required=True, type=prepared(),  # its files, per --pair and --subset: below
+                   help="recipes.wmt17.run prepare's output (data-bin/, ref/, spm.model)")
+    p.add_argument("--pair", default="en-fr", type=language_pair)
+    p.add_argument("--subset", choices=("valid", "test"), default="test")
+    p.add_argument("--workdir", required=True, type=output_dir,
+                   help="the exports and fairseq-generate's output go here")
+    p.add_argument("--beam", type=positive_int, default=5)
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--out", type=output_file, help="write the markdown report here")
     args = p.parse_args(argv)
+    src, tgt = check_pair(args.pair)
+    check(p, "--data", prepared(*pair_files(src, tgt, args.subset)), args.data)
+    data_bin = os.path.join(args.data, "data-bin")
 
     import sacrebleu
 
     from fairseq_memattn.deploy import SentencePiece, Translator
-    from fairseq_memattn.export import export
-    from recipes.wmt17.data import check_pair
+    from fairseq_memattn.export import ExportError, export, load_checkpoint
     from recipes.wmt17.run import evaluate
 
-    src, tgt = check_pair(args.pair)
-    data_bin = os.path.join(args.data, "data-bin")
+    try:  # a model the export refuses, refused before fairseq-generate's pass rather than after it
+        load_checkpoint(args.checkpoint, data_bin)
+    except ExportError as error:
+        p.error(f"argument checkpoint: {error}")
     with open(os.path.join(args.data, "ref", f"{args.subset}.{tgt}"), encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f]
     reference = evaluate(args.pair, args.checkpoint, args.data, args.subset, os.path.join(args.workdir, "fairseq"),

@@ -18,7 +18,14 @@ import sys
 
 import sacrebleu
 
+from recipes.bible.options import duplicates, prepared
+from recipes.cli import existing_file
+
 BANDS = ((1, 20), (21, 40), (41, 60), (61, 10_000))  # source length in BPE tokens, both ends included
+# What the Bible recipes read of recipes.wmt17.run prepare's output besides data-bin: the references
+# (detokenised) and the BPE sources (``source_lengths``).
+REFERENCES = ("ref/valid.fr", "ref/test.fr")
+SOURCES = ("bpe/valid.en", "bpe/test.en")
 
 
 def repeated_trigrams(line):
@@ -138,16 +145,20 @@ def parse_output(text):
     label, sep, path = text.partition("=")
     if not sep or not label or not path:
         raise argparse.ArgumentTypeError(f"invalid --hyp: {text!r} (must be LABEL=PATH)")
-    return label, path
+    return label, existing_file(path)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output folder (bpe/, ref/)")
+    p.add_argument("--data", required=True, type=prepared(*REFERENCES, *SOURCES),
+                   help="recipes.wmt17.run prepare's output folder (bpe/, ref/)")
     p.add_argument("--subset", choices=("valid", "test"), default="test")
     p.add_argument("--hyp", type=parse_output, action="append", required=True, metavar="LABEL=PATH",
                    help="a hypothesis file (detokenised, one line per source, in order); repeatable")
     args = p.parse_args(argv)
+    twice = duplicates([label for label, _ in args.hyp])
+    if twice:
+        p.error(f"argument --hyp: {', '.join(twice)} given more than once (each LABEL names one output)")
     references = read_lines(f"{args.data}/ref/{args.subset}.fr")
     print(table({label: read_lines(path) for label, path in args.hyp}, references, source_lengths(args.data, args.subset)))
 
