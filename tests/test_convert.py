@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -442,3 +443,93 @@ def test_write_start_recipe_measures_each_start_beside_the_converter(toy, tmp_pa
     convert_cli.main([str(toy["transformer"]), str(default), "--memory-k", "64"])
     nearest = rows[1 + write_start.VARIANTS.index(("zero", convert.NEAREST_WIDTH))]
     assert nearest[1] == f"{convert_run.validation_loss(str(default), str(toy['data']))[0]:.3f}"
+
+
+def recipe_refusal(main, capsys, *argv):
+    """The error of a recipe's MAIN refusing ARGV (exit 2), without the program's name."""
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].split(": error: ", 1)[1]
+
+
+def test_recipe_refuses_bad_options_before_any_work(toy, tmp_path, capsys):
+    """Options neither the recipe nor fairseq-train knows, and numbers out of range, in one line
+    before anything is converted, trained or evaluated."""
+    from recipes.convert import run as convert_run
+
+    work = tmp_path / "work"
+    common = ["--data", str(toy["data"]), "--source", str(toy["transformer"]), "--work", str(work),
+              "--out", str(tmp_path / "out")]
+    (tmp_path / "binarized" / "data-bin").mkdir(parents=True)
+    memory_arch = convert_run.compare.MODELS[convert_run.MEMORY][1]
+    for step, options, message in [
+        (["convert"], ["--memory-k", "16", "--long-lenght", "100"],
+         f"unrecognized arguments: --long-lenght 100 (options this driver does not know go to fairseq-train "
+         f"--arch {memory_arch})"),
+        (["train", "original"], ["--memory-k", "16"], "unrecognized arguments: --memory-k 16 (options this driver "
+         f"does not know go to fairseq-train --arch {convert_run.compare.MODELS[convert_run.ORIGINAL][1]})"),
+        (["train", "converted"], ["--write-only-updates", "-50"],
+         "argument --write-only-updates: invalid value -50 (must be an integer >= 0)"),
+        (["report"], ["--fractions", "-0.5"], "argument --fractions: invalid value -0.5 (must be a finite number > 0)"),
+        (["report"], ["--fractions", "0.1", "0"],
+         "argument --fractions: invalid value 0 (must be a finite number > 0)"),
+        (["report"], ["--long-length", "1"], "argument --long-length: invalid value 1 (must be an integer >= 2)"),
+        (["convert"], ["--source", str(tmp_path / "none.pt")],
+         f"argument --source: {tmp_path / 'none.pt'}: no such file"),
+        (["convert"], ["--data", str(tmp_path)], f"argument --data: {tmp_path}: no data-bin in it"),
+        (["report"], ["--data", str(tmp_path / "binarized")],
+         f"argument --data: {tmp_path / 'binarized'}: no ref/test.fr, bpe/test.en, bpe/test.fr in it"),
+    ]:
+        assert recipe_refusal(convert_run.main, capsys, *step, *common, *options) == message
+    assert not work.exists()
+
+
+def test_recipe_convert_stops_with_the_converters_own_error(toy, tmp_path, capfd):
+    """A checkpoint the converter refuses: its one line and its exit status, no traceback."""
+    from recipes.convert import run as convert_run
+
+    with pytest.raises(SystemExit) as stopped:
+        convert_run.main(["convert", "--data", str(toy["data"]), "--source", str(toy["converted"]),
+                          "--work", str(tmp_path / "work")])
+    assert stopped.value.code == 2
+    error = capfd.readouterr().err
+    assert error.strip().splitlines()[-1].startswith(
+        f"fairseq-memattn-convert: error: {toy['converted']} is already a memory attention model")
+    assert "Traceback" not in error and not (tmp_path / "work" / "converted.pt").exists()
+
+
+def test_recipe_refuses_a_work_converted_from_another_source_or_with_other_options(toy, tmp_path, capsys):
+    """WORK/converted.pt is kept only where it is the conversion of --source with the memory options
+    given now: it holds every weight of its source and the options it was made with."""
+    from recipes.convert import run as convert_run
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copyfile(toy["converted"], work / "converted.pt")  # K = 4
+    common = ["--data", str(toy["data"]), "--work", str(work)]
+    convert_run.main(["convert", *common, "--source", str(toy["transformer"]), "--memory-k", str(K)])
+    assert capsys.readouterr().out == f"{work / 'converted.pt'}: converted already\n"
+
+    other = save_variant(toy, tmp_path / "other.pt", dropout=0.2)  # the same model, other weights
+    remove = f"give another --work, or remove {work / 'converted.pt'} and the runs trained from it"
+    for step in (["convert"], ["train", "converted"], ["report"]):
+        assert recipe_refusal(convert_run.main, capsys, *step, *common, "--source", str(other),
+                              "--memory-k", str(K)) == (
+            f"--work {work} holds a converted.pt made from another checkpoint than --source {other}: {remove}")
+    assert recipe_refusal(convert_run.main, capsys, "convert", *common, "--source", str(toy["transformer"])) == (
+        f"--work {work} holds a converted.pt made with memory_k {K} (now 64): {remove}")
+
+
+def test_write_start_refuses_in_one_line_before_measuring(toy, tmp_path, capsys):
+    from recipes.convert import write_start
+
+    common = ["--data", str(toy["data"]), "--source", str(toy["transformer"]), "--out", str(tmp_path / "out")]
+    for argv, message in [
+        (["--source", str(tmp_path / "none.pt")], f"argument --source: {tmp_path / 'none.pt'}: no such file"),
+        (["--source", str(toy["converted"])], f"{toy['converted']} is already a memory attention model"),
+        (["--data", str(tmp_path / "none")], f"argument --data: {tmp_path / 'none'}: no such folder"),
+        (["--group", "1"], "argument --group: invalid value 1 (must be an integer >= 2)"),
+    ]:
+        assert recipe_refusal(write_start.main, capsys, *common, *argv).startswith(message)
+    assert not (tmp_path / "out").exists()

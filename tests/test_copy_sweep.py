@@ -16,9 +16,10 @@ import sys
 import time
 
 import pytest
-from conftest import clean_env
+from conftest import BIN, REPO, clean_env
 
 from recipes.copy import sweep
+from recipes.wmt17.run import fairseq_train_options
 
 
 def start(at=0):
@@ -313,8 +314,9 @@ def test_run_all_runs_jobs_at_once_and_waits_for_the_scoring_choice():
         recorded.append(run)
         events.append(("record", run, None))
 
-    sweep.run_all(runs, 2, execute, record, scorings, done=lambda run: run in (earlier, trained),
-                  choose=lambda length, model: scorings[1])
+    failed = sweep.run_all(runs, 2, execute, record, scorings, done=lambda run: run in (earlier, trained),
+                           choose=lambda length, model: scorings[1])
+    assert failed == [failing]
     start = {run: i for i, (kind, run, _) in enumerate(events) if kind == "start"}
     end = {run: i for i, (kind, run, _) in enumerate(events) if kind == "end"}
     assert max(n for kind, _, n in events if kind == "start") == 2  # two at once, never three
@@ -418,3 +420,127 @@ def test_transformer_quality_driver_calls_the_sweeps_runner(tmp_path, monkeypatc
         assert call["cap"] == 6 and call["copy_args"] == "--copy-max-len 4" and "--max-update" not in call["train_args"]
         assert ("--memory-position-window" in call["train_args"]) == (name == "L4_K32_mix")
     assert "| transformer |  |" in (tmp_path / "table.md").read_text()
+
+
+def copy_script(name, *args, **env):
+    """recipes/copy/NAME with fairseq's commands on PATH (ENV: more variables, or another PATH)."""
+    env = {"OMP_NUM_THREADS": "1", "PATH": BIN + os.pathsep + os.environ["PATH"], **env}
+    return subprocess.run(["bash", os.path.join(REPO, "recipes", "copy", name), *args], capture_output=True,
+                          text=True, timeout=300, env=clean_env(**env))
+
+
+def refusal(main, capsys, *argv):
+    """The error of a driver's MAIN refusing ARGV (exit 2), without the program's name."""
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].split(": error: ", 1)[1]
+
+
+def test_train_eval_and_the_quick_start_say_why_they_failed(tmp_path):
+    """On standard error, not only in a log: the usage, a missing command, and the failing step's
+    own error line."""
+    usage = copy_script("train_eval.sh")
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: ") and "OUT_DIR" in usage.stderr
+
+    typo = copy_script("quickstart.sh", "--sed", "2", SKIP_SETUP="1", OUT=str(tmp_path / "quickstart"))
+    assert typo.returncode == 2
+    assert typo.stderr.splitlines() == [
+        f"train_eval.sh: error: fairseq-train failed (exit 2); the end of {tmp_path / 'quickstart' / 'train.log'}:",
+        "fairseq-train: error: unrecognized arguments: --sed 2"]
+
+    python_only = tmp_path / "bin"
+    python_only.mkdir()
+    (python_only / "python").symlink_to(sys.executable)
+    missing = copy_script("train_eval.sh", str(tmp_path / "run"), PATH=f"{python_only}:/usr/bin:/bin")
+    assert missing.returncode == 127
+    assert missing.stderr.startswith("train_eval.sh: error: fairseq-train not found on PATH")
+    assert not (tmp_path / "run").exists()
+
+    untrained = copy_script("train_eval.sh", str(tmp_path / "untrained"), SKIP_TRAIN="1")
+    assert untrained.returncode == 1
+    assert untrained.stderr.splitlines()[-1] == (
+        f"fairseq-generate: error: checkpoint not found: {tmp_path / 'untrained' / 'checkpoint_best.pt'}")
+
+
+def logged_run(run_dir, copy_args, options):
+    """RUN_DIR/train.log of a fairseq-train started with the copy task's COPY_ARGS and OPTIONS,
+    its configuration logged as fairseq logs it."""
+    namespace = fairseq_train_options(["--task", "copy_task", *copy_args.split(), *options])
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.log").write_text(f"2026-01-01 00:00:00 | INFO | fairseq_cli.train | {{'_name': None, "
+                                       f"'common': {{'seed': {namespace.seed}}}, 'model': {namespace!r}}}\n")
+
+
+def test_transformer_quality_refuses_what_fairseq_train_would_and_runs_of_other_settings(tmp_path, monkeypatch, capsys):
+    """Before any training: --memory-args fairseq-train would refuse, and a run under --out trained
+    with another budget, seed or --memory-args (its score would be shown under this command)."""
+    from recipes.copy import transformer_quality
+
+    trained = []
+
+    def train(run_dir, *args, **kwargs):
+        trained.append(run_dir)
+        return False  # as a failed run: nothing to read back
+
+    monkeypatch.setattr(transformer_quality, "train_and_score", train)
+    out = tmp_path / "out"
+    grid = ["--lengths", "4", "--models", "K=32 mix", "--out", str(out)]
+
+    def refused(*argv):
+        error = refusal(transformer_quality.main, capsys, *grid, *argv)
+        assert not trained
+        return error
+
+    assert refused("--memory-args", "--memory-kk 8") == (
+        "--memory-args '--memory-kk 8': unrecognized arguments: --memory-kk 8")
+    assert refused("--memory-args", "--memory-k 0") == (
+        "--memory-args '--memory-k 0': argument --memory-k: invalid value 0 (must be an integer >= 1)")
+    assert "No closing quotation" in refused("--memory-args", "--memory-k '8")
+    assert not out.exists()
+
+    run = out / transformer_quality.run_name(4, "K=32 mix")
+    logged_run(run, "--copy-max-len 4", sweep.train_options(
+        [*transformer_quality.MODELS["K=32 mix"], "--memory-k", "8", *transformer_quality.training()], 1, 6))
+    same = ["--memory-args", "--memory-k 8", "--updates", "6"]
+    assert "(L4_K32_mix: max_update 6 (now 9))" in refused(*same, "--updates", "9")
+    assert "(L4_K32_mix: seed 1 (now 2))" in refused(*same, "--seed", "2")
+    assert refused("--updates", "6") == (f"--out {out} holds runs trained with other settings (L4_K32_mix: "
+                                         "memory_k 8 (now 32)): give another --out, or remove those runs' folders")
+    assert transformer_quality.main([*grid, *same]) == 1 and trained == [str(run)]  # the same settings: resumed
+
+
+def test_transformer_quality_fails_when_a_run_fails(tmp_path, monkeypatch, capsys):
+    from recipes.copy import transformer_quality
+
+    monkeypatch.setattr(transformer_quality, "train_and_score", lambda *args, **kwargs: False)
+    assert transformer_quality.main(["--out", str(tmp_path), "--lengths", "4", "--models", "transformer",
+                                     "--updates", "6"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"1 run(s) failed, see their train.log and generate.log: {tmp_path / 'L4_transformer'}")
+
+
+def test_sweep_fails_when_a_run_fails_and_refuses_what_it_cannot_tabulate(tmp_path, monkeypatch, capsys):
+    """Exit 1 naming the failed runs; before anything: --out a file, --tables-only without a
+    finished run, runs of another preset under --out."""
+    monkeypatch.setattr(sweep, "train_and_score", lambda *args, **kwargs: False)
+    grid = ["--preset", "tiny", "--models", "No Att", "--seeds", "1"]
+    assert sweep.main([*grid, "--out", str(tmp_path / "failing")]) == 1
+    run = tmp_path / "failing" / "runs" / sweep.run_name(6, "No Att", None, 1)
+    assert capsys.readouterr().err.strip() == f"1 run(s) failed, see their train.log and generate.log: {run}"
+
+    (tmp_path / "afile").write_text("")
+    assert refusal(sweep.main, capsys, *grid, "--out", str(tmp_path / "afile")) == (
+        f"argument --out: {tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a folder")
+    assert refusal(sweep.main, capsys, *grid, "--out", str(tmp_path / "none"), "--tables-only") == (
+        f"--tables-only: no finished run of this grid (--preset tiny) in {tmp_path / 'none'}/runs to make tables of")
+    assert not (tmp_path / "none").exists()
+
+    tiny = sweep.PRESETS["tiny"]
+    logged_run(tmp_path / "tiny" / "runs" / run.name, " ".join(["--copy-max-len 6", *tiny["copy"]]),
+               sweep.train_options([*sweep.model_args("No Att"), *tiny["train"]], 1, 64))
+    error = refusal(sweep.main, capsys, "--preset", "cpu", "--lengths", "6", "--models", "No Att", "--seeds", "1",
+                    "--out", str(tmp_path / "tiny"), "--tables-only")
+    assert error.startswith(f"--out {tmp_path / 'tiny'} holds runs trained with other settings ({run.name}: ")
+    assert "batch_size_valid 16 (now 64)" in error
+    assert error.endswith("give another --out, or remove those runs' folders")

@@ -204,6 +204,30 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
+    """prepare skips the outputs that exist: an --out prepared from another corpus, pair or
+    --vocab-size is refused before anything is built, not kept under the new settings."""
+    raw = write_corpus(tmp_path / "raw", {"train": 100, "valid": 5, "test": 5})
+    out = tmp_path / "out"
+    wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80"])
+    before = snapshot(out)
+    remove = f"give another --out, or remove {out}"
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "70") == (
+        f"wmt17: error: --out {out} holds data prepared with other settings (spm.model of 80 pieces, "
+        f"not --vocab-size 70): {remove}")
+    assert prepare_error(capsys, "de-en", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80") == (
+        f"wmt17: error: --out {out} holds data prepared with other settings ({out / 'data-bin'} without de-en): "
+        f"{remove}")
+    other = write_corpus(tmp_path / "other", {"train": 100, "valid": 5, "test": 5}, seed=2)
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(other), "--out", str(out), "--vocab-size", "80") == (
+        f"wmt17: error: --out {out} holds data prepared with other settings ({out / 'ref' / 'valid.de'} of "
+        f"another corpus; {out / 'ref' / 'test.de'} of another corpus): {remove}")
+    (tmp_path / "afile").write_text("")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "afile")) == (
+        f"wmt17 prepare: error: argument --out: {tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a folder")
+    assert snapshot(out) == before
+
+
 def test_bad_training_and_evaluation_requests(tmp_path, capsys):
     def error(*args):
         with pytest.raises(SystemExit) as stop:
@@ -225,6 +249,21 @@ def test_bad_training_and_evaluation_requests(tmp_path, capsys):
         "run recipes/wmt17/prepare.sh de-en --out data/wmt17/de-en --raw-dir DIR first")
     assert error("evaluate", "en-de", str(tmp_path / "none.pt"), "--data", str(tmp_path)) == (
         f"wmt17: error: checkpoint {tmp_path / 'none.pt'} does not exist")
+    for command in (["train", "en-de", "k32"], ["evaluate", "en-de", "x.pt"]):
+        assert error(*command, "--gpus", "-1") == (
+            f"wmt17 {command[0]}: error: argument --gpus: invalid value -1 (must be an integer >= 0)")
+    # en-de data has the German references only: de-en trains on it (fairseq reads either
+    # direction), but cannot be scored
+    binarized = tmp_path / "en-de" / "data-bin"
+    binarized.mkdir(parents=True)
+    for lang in ("en", "de"):
+        (binarized / f"dict.{lang}.txt").write_text("")
+    (tmp_path / "en-de" / "ref").mkdir()
+    (tmp_path / "en-de" / "ref" / "test.de").write_text("Die Hund.\n")
+    (tmp_path / "model.pt").write_bytes(b"")
+    assert error("evaluate", "de-en", str(tmp_path / "model.pt"), "--data", str(tmp_path / "en-de")) == (
+        f"wmt17: error: no reference translations {tmp_path / 'en-de' / 'ref' / 'test.en'}: --data "
+        f"{tmp_path / 'en-de'} was not prepared for de-en (recipes/wmt17/prepare.sh de-en --out DIR)")
 
 
 def test_every_paper_configuration_has_a_command():

@@ -19,8 +19,11 @@ U`` first trains only the write for U updates (the other parameters frozen, each
 kept too), then everything.
 ``report`` evaluates every checkpoint (test sacreBLEU and chrF with beam 5 via ``recipes.wmt17.run
 evaluate``, validation loss via fairseq-validate, decoding seconds) and times the original and the
-converted model on sources of --long-length tokens. Re-running any step skips what is done.
-Options this driver does not know go to fairseq-train (after compare.py's, so they override them).
+converted model on sources of --long-length tokens. Re-running any step skips what is done; a
+--work whose converted.pt is not the conversion of --source with these options is refused.
+Options this driver does not know go to fairseq-train (after compare.py's, so they override them);
+every step takes them, so that one command line serves all, and the conversion takes their
+--memory-* ones. An option fairseq-train would refuse is refused before any work.
 """
 
 import argparse
@@ -35,8 +38,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
+from fairseq_memattn.cli.arg_types import integer_at_least, non_negative_int, positive_number
 from recipes.bible import compare
-from recipes.wmt17.run import fairseq_tool
+from recipes.cli import existing_file, folder_with, output_dir
+from recipes.wmt17.run import fairseq_tool, fairseq_train_options
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.25)
 ORIGINAL, MEMORY = "transformer", "transformer_memattn_window"  # compare.MODELS: the source, the target
@@ -44,24 +49,33 @@ RUN_MODELS = {"converted": MEMORY, "original": ORIGINAL, "scratch": MEMORY}
 LONG_LENGTH = 800
 
 
+# memory attention's options (not fairseq's --memory-efficient-fp16 and -bf16)
+MEMORY_OPTION = re.compile(r"--(no-)?memory-(?!efficient-)[a-z-]+")
+
+
 def memory_flags(flags):
-    """The --memory-* options (with their values) of a compare.MODELS command line."""
+    """The memory attention options (with their values) of a fairseq-train command line."""
     picked = []
     for index, flag in enumerate(flags):
-        if re.fullmatch(r"--(no-)?memory-[a-z-]+", flag):
+        if MEMORY_OPTION.fullmatch(flag):
             value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else None
             picked += [flag] + ([value] if value is not None else [])
     return picked
 
 
-def source_updates(source):
-    """N: the update count the transformer's checkpoint was saved at."""
+def load(checkpoint):
+    """A fairseq checkpoint's state, on the CPU."""
     import fairseq_memattn
 
     fairseq_memattn.register()  # torch.load's allowlist for fairseq checkpoints
     from fairseq import checkpoint_utils
 
-    return checkpoint_utils.load_checkpoint_to_cpu(source)["optimizer_history"][-1]["num_updates"]
+    return checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+
+
+def source_updates(source):
+    """N: the update count the transformer's checkpoint was saved at."""
+    return load(source)["optimizer_history"][-1]["num_updates"]
 
 
 def totals(updates, fractions):
@@ -72,13 +86,35 @@ def converted_path(args):
     return os.path.join(args.work, "converted.pt")
 
 
+def conversion_changed(args, planned):
+    """Why WORK/converted.pt is not the conversion of --source with PLANNED's memory options (the
+    memory model's fairseq-train options), or None. The conversion keeps every weight of its
+    source, and its checkpoint holds the options it was made with."""
+    import torch
+
+    from fairseq_memattn.convert import as_namespace
+
+    source, converted = load(args.source)["model"], load(converted_path(args))
+    kept = [key for key in source if key in converted["model"] and source[key].shape == converted["model"][key].shape]
+    if not kept or not all(torch.equal(source[key], converted["model"][key]) for key in kept):
+        return f"made from another checkpoint than --source {args.source}"
+    made = vars(as_namespace(converted["cfg"]["model"]))
+    changed = [f"{key} {made[key]!r} (now {value!r})" for key, value in vars(planned).items()
+               if MEMORY_OPTION.fullmatch("--" + key.replace("_", "-")) and key in made and made[key] != value]
+    return f"made with {', '.join(changed)}" if changed else None
+
+
 def convert(args):
     if os.path.isfile(converted_path(args)):
+        print(f"{converted_path(args)}: converted already", flush=True)
         return
     command = [sys.executable, "-m", "fairseq_memattn.cli.convert", args.source, converted_path(args),
-               "--data", os.path.join(args.data, "data-bin"), *memory_flags(compare.MODELS[MEMORY])]
+               "--data", os.path.join(args.data, "data-bin"), *memory_flags([*compare.MODELS[MEMORY], *args.extra])]
     print("$ " + shlex.join(command), flush=True)
-    subprocess.run(command, check=True, cwd=REPO)
+    # fairseq-memattn-convert explains a refusal in its own line; its status is the recipe's
+    status = subprocess.run(command, cwd=REPO).returncode
+    if status:
+        sys.exit(status)
 
 
 def run_name(run, write_only_updates=0):
@@ -239,9 +275,10 @@ def report_rows(args, updates):
 
 def report(args):
     updates = source_updates(args.source)
+    # before any evaluation: the test split may be too short for --long-length
+    long_data = long_sources(args.data, os.path.join(args.work, f"long{args.long_length}"), args.long_length)
     os.makedirs(args.out, exist_ok=True)
     rows = report_rows(args, updates)
-    long_data = long_sources(args.data, os.path.join(args.work, f"long{args.long_length}"), args.long_length)
     long_rows = [(label, time_long(checkpoint, long_data, os.path.join(args.out, f"long_{name}"), args.long_length))
                  for label, name, checkpoint in (("transformer (the source)", "source", args.source),
                                                  ("converted", "converted", converted_path(args)))]
@@ -277,28 +314,48 @@ def write_table(args, updates, rows, long_rows):
 
 def main(argv=None):
     os.environ["OMP_NUM_THREADS"] = "1"  # every run and evaluation on one thread
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("command", choices=("convert", "train", "report"))
     p.add_argument("run", nargs="?", choices=sorted(RUN_MODELS))
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
-    p.add_argument("--source", default=os.path.join(REPO, "checkpoints", "bible", ORIGINAL, "checkpoint_last.pt"),
+    p.add_argument("--data", required=True, type=folder_with("data-bin"),
+                   help="recipes.wmt17.run prepare's output directory")
+    p.add_argument("--source", type=existing_file,
+                   default=os.path.join(REPO, "checkpoints", "bible", ORIGINAL, "checkpoint_last.pt"),
                    help="the transformer's checkpoint (compare.py train transformer's checkpoint_last.pt)")
-    p.add_argument("--work", default=os.path.join(REPO, "checkpoints", "bible", "convert"),
+    p.add_argument("--work", type=output_dir, default=os.path.join(REPO, "checkpoints", "bible", "convert"),
                    help="converted model and checkpoints")
-    p.add_argument("--out", default=os.path.join(REPO, "results", "bible", "convert"))
-    p.add_argument("--fractions", type=float, nargs="+", default=FRACTIONS,
+    p.add_argument("--out", type=output_dir, default=os.path.join(REPO, "results", "bible", "convert"))
+    p.add_argument("--fractions", type=positive_number, nargs="+", default=FRACTIONS,
                    help="update totals N + fraction * N to compare at")
-    p.add_argument("--write-only-updates", type=int, default=0,
+    p.add_argument("--write-only-updates", type=non_negative_int, default=0,
                    help="train converted: the write alone for this many updates first")
-    p.add_argument("--long-length", type=int, default=LONG_LENGTH, help="|S| of the long-input timing")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--long-length", type=integer_at_least(2), default=LONG_LENGTH,
+                   help="|S| of the long-input timing, EOS included")
+    p.add_argument("--seed", type=non_negative_int, default=1)
     p.add_argument("--device", choices=compare.DEVICES, default="cpu",
                    help="train on cpu, or on a GPU at this precision (default cpu)")
     args, args.extra = p.parse_known_args(argv)
     if args.command == "train" and args.run is None:
         p.error("train needs a run: " + ", ".join(sorted(RUN_MODELS)))
-    if not os.path.isfile(args.source):
-        p.error(f"--source {args.source} does not exist: the transformer's checkpoint_last.pt")
+    if args.command == "report":
+        try:
+            folder_with("ref/test.fr", "bpe/test.en", "bpe/test.fr")(args.data)
+        except argparse.ArgumentTypeError as error:
+            p.error(f"argument --data: {error}")
+    model = RUN_MODELS[args.run] if args.command == "train" else MEMORY
+    try:
+        planned = fairseq_train_options([os.path.join(args.data, "data-bin"), "--task", "translation",
+                                         "--source-lang", "en", "--target-lang", "fr", *compare.MODELS[model],
+                                         *args.extra])
+    except ValueError as error:
+        p.error(f"{error} (options this driver does not know go to fairseq-train --arch "
+                f"{compare.MODELS[model][1]})")
+    if os.path.isfile(converted_path(args)) and (args.command != "train" or args.run == "converted"):
+        changed = conversion_changed(args, planned)
+        if changed:
+            p.error(f"--work {args.work} holds a converted.pt {changed}: give another --work, or remove "
+                    f"{converted_path(args)} and the runs trained from it")
     {"convert": convert, "train": train, "report": report}[args.command](args)
 
 

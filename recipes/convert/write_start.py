@@ -12,6 +12,8 @@ import argparse
 import os
 import tempfile
 
+from fairseq_memattn.cli.arg_types import integer_at_least
+from recipes.cli import existing_file, folder_with, output_dir
 from recipes.convert import run as convert_run
 
 # (W_alpha, window width in rows): fairseq-memattn-convert's two starts and the widths around them
@@ -62,20 +64,25 @@ def write_variants(source, data, folder):
 def main(argv=None):
     os.environ["OMP_NUM_THREADS"] = "1"
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="recipes.wmt17.run prepare's output directory")
-    p.add_argument("--source", required=True, help="the transformer's checkpoint")
-    p.add_argument("--out", required=True, help="where write_start.md goes")
-    p.add_argument("--group", type=int, default=4, help="sentences joined into each long source (default 4)")
+    p.add_argument("--data", required=True, type=folder_with("data-bin", "bpe/valid.en", "bpe/valid.fr"),
+                   help="recipes.wmt17.run prepare's output directory")
+    p.add_argument("--source", required=True, type=existing_file, help="the transformer's checkpoint")
+    p.add_argument("--out", required=True, type=output_dir, help="where write_start.md goes")
+    p.add_argument("--group", type=integer_at_least(2), default=4,
+                   help="sentences joined into each long source (default 4)")
     args = p.parse_args(argv)
-    if args.group < 2:
-        p.error(f"--group {args.group}: must be at least 2")
+    from fairseq_memattn.convert import ConvertError
+
     with tempfile.TemporaryDirectory() as tmp:
+        try:  # first: a checkpoint that does not convert is refused before any measurement
+            variants = write_variants(args.source, args.data, tmp)
+        except ConvertError as error:
+            p.error(str(error))
         median = grouped_valid(args.data, os.path.join(tmp, "grouped"), args.group)
         losses = [(label, convert_run.validation_loss(path, args.data)[0],
                    convert_run.validation_loss(path, os.path.join(tmp, "grouped"))[0])
                   for label, path in [("the transformer", args.source)] + list(zip(
-                      [f"W_alpha {alpha}, w_k = {width:.2f} rows" for alpha, width in VARIANTS],
-                      write_variants(args.source, args.data, tmp)))]
+                      [f"W_alpha {alpha}, w_k = {width:.2f} rows" for alpha, width in VARIANTS], variants))]
     lines = ["# Where the converted write starts", "",
              f"`fairseq-memattn-convert` of {args.source} (K = 64, the position window), before any "
              "fine-tuning; the write's W_alpha at zero or random (transformer_memattn's initialisation), each "

@@ -17,7 +17,9 @@ and --min-len 0, scoring). As in the paper:
 Resumable: a run with a score.json is skipped, a run whose training finished is only decoded again,
 a screen whose training stopped is not run again, and an interrupted run resumes from its
 checkpoint_last.pt, its train.log appended (one whose checkpoints are gone, on a new machine,
-trains again from the start, its old log kept as train.lost.log). Runs are ordered
+trains again from the start, its old log kept as train.lost.log); a run under OUT whose train.log
+says it was trained with other options (another preset) is refused before anything starts, so that
+no table shows it under this command. Exits 1 if a run failed. Runs are ordered
 so the most informative land first (see ``run_order``); the tables are rewritten after every run.
 Writes OUT/table.md (headline rows), OUT/table.csv (every run), OUT/by_length.md (the headline
 rows' exact-match accuracy by source length), OUT/scoring.md (all four
@@ -26,6 +28,7 @@ and OUT/fig3b.png (the four combinations at the longest L).
 """
 
 import argparse
+import ast
 import csv
 import gzip
 import json
@@ -41,7 +44,9 @@ from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from fairseq_memattn.score import accuracy_by_length, read_generate_output
+from recipes.cli import output_dir
 from recipes.train_log import plot_curves, read_train_log
+from recipes.wmt17.run import fairseq_train_options
 
 # Paper Table 1: BLEU (decode time in seconds on a K40m) per length and model.
 PAPER = {
@@ -227,6 +232,71 @@ def screen_ended(run_dir, budget):
     return info["stopped"] is not None or info["updates"] >= budget
 
 
+def train_options(train_args, seed, cap):
+    """What train_and_score passes on to fairseq-train (train_eval.sh adds the task and the folder)."""
+    return [*train_args, "--max-update", str(cap), "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
+
+
+def logged_options(log):
+    """The options of the last fairseq-train process in a train.log, which resumed any before it
+    (fairseq logs them all as it starts, in its configuration's 'model' Namespace); {} if none."""
+    options = {}
+    with open(log, errors="replace") as f:
+        for line in f:
+            if "| fairseq_cli.train | {" not in line:
+                continue
+            try:
+                config = ast.parse(line[line.index("{"):], mode="eval").body
+            except SyntaxError:
+                continue
+            for key, value in zip(config.keys, config.values):
+                if isinstance(key, ast.Constant) and key.value == "model" and isinstance(value, ast.Call):
+                    options = {}
+                    for keyword in value.keywords:
+                        try:
+                            options[keyword.arg] = ast.literal_eval(keyword.value)
+                        except ValueError:
+                            pass
+    return options
+
+
+# Where the run is kept (train_eval.sh's own options) and the machine it ran on (fairseq's
+# defaults count its GPUs), not what the driver trains.
+PLACE_OPTIONS = re.compile(r"save_dir|user_dir|no_epoch_checkpoints|distributed_\w+|nprocs_per_node|device_id")
+
+
+def changed_options(run_dir, copy_args, options, ignore=()):
+    """What RUN_DIR/train.log's fairseq-train was given other than the copy task's COPY_ARGS and
+    OPTIONS (train_options') give now, e.g. ["max_update 2000 (now 9999)"]; [] where nothing
+    differs or nothing was logged. An option the log does not mention (added to fairseq_memattn
+    since) counts as the same. ValueError: options fairseq-train refuses."""
+    planned = vars(fairseq_train_options(["--task", "copy_task", *copy_args.split(), *options]))
+    log = os.path.join(run_dir, "train.log")
+    logged = logged_options(log) if os.path.exists(log) else {}
+    return [f"{key} {logged[key]!r} (now {value!r})" for key, value in planned.items()
+            if key in logged and logged[key] != value and not PLACE_OPTIONS.fullmatch(key) and key not in ignore]
+
+
+def refuse_changed(parser, out, changed):
+    """parser.error where runs under OUT were trained with other options: CHANGED, {run folder:
+    changed_options'} (a table must not show them under this command)."""
+    changed = {name: entries for name, entries in changed.items() if entries}
+    if changed:
+        name, entries = next(iter(changed.items()))
+        more = f"; and {len(changed) - 1} more runs" if len(changed) > 1 else ""
+        parser.error(f"--out {out} holds runs trained with other settings ({name}: {', '.join(entries[:3])}"
+                     f"{more}): give another --out, or remove those runs' folders")
+
+
+def report_failed(run_dirs):
+    """Names the runs that failed, and where their logs are; the exit status: 1 if any did."""
+    if not run_dirs:
+        return 0
+    print(f"{len(run_dirs)} run(s) failed, see their train.log and generate.log: {', '.join(run_dirs)}",
+          file=sys.stderr, flush=True)
+    return 1
+
+
 def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     """One run through train_eval.sh (copy_args: the task's options, a string; train_args:
     fairseq-train's, training up to `cap` updates); decode=False trains only (a screen). False if
@@ -249,8 +319,7 @@ def train_and_score(run_dir, copy_args, train_args, seed, cap, decode=True):
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     env = {**os.environ, "PATH": path, "COPY_ARGS": copy_args, "SKIP_TRAIN": "1" if trained else "",
            "SKIP_GENERATE": "" if decode else "1"}
-    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_args, "--max-update", str(cap),
-               "--seed", str(seed), "--no-progress-bar", "--log-interval", "100"]
+    command = [os.path.join(HERE, "train_eval.sh"), run_dir, *train_options(train_args, seed, cap)]
     # Each line says whose it is: with --jobs, several runs print at once.
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as process:
@@ -441,7 +510,7 @@ def write_figures(out, results, screens, lengths, models, fig3b_k, budget):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--out", default="results/copy/converged")
+    parser.add_argument("--out", type=output_dir, default="results/copy/converged")
     parser.add_argument("--lengths", type=int, nargs="+", help="override the preset's lengths")
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     parser.add_argument("--scorings", nargs="+", default=[f"{e}/{d}" for e, d in SCORINGS],
@@ -467,7 +536,6 @@ def main(argv=None):
         parser.error(f"--seeds: {seeds} (must start with 1, which selects the scoring, and not repeat)")
     models = [m for m in MODELS if m in args.models]
     scorings = [s for s in SCORINGS if f"{s[0]}/{s[1]}" in args.scorings]
-    os.makedirs(args.out, exist_ok=True)
     # The tables name the sweep that trains them, not the call that only rewrote them.
     command = shlex.join(["python", "-m", "recipes.copy.sweep",
                           *(a for a in (sys.argv[1:] if argv is None else argv) if a != "--tables-only")])
@@ -479,9 +547,14 @@ def main(argv=None):
     def run_dir(run):
         return os.path.join(args.out, "runs", run_name(*run[:4]))
 
+    def options(run):
+        """The copy task's options (a string) and fairseq-train's of a run, but its cap and seed."""
+        return (" ".join([f"--copy-max-len {run.length}", *preset["copy"]]),
+                [*model_args(run.model, run.scoring, preset["model"]), *train_args])
+
     def execute(run):
-        return train_and_score(run_dir(run), " ".join([f"--copy-max-len {run.length}", *preset["copy"]]),
-                               [*model_args(run.model, run.scoring, preset["model"]), *train_args], run.seed,
+        copy_args, train = options(run)
+        return train_and_score(run_dir(run), copy_args, train, run.seed,
                                cap=preset["screen"] if run.screen else cap, decode=not run.screen)
 
     def done(run):
@@ -498,9 +571,27 @@ def main(argv=None):
         write_figures(args.out, results, screens, lengths, models, preset["fig3b_k"], preset["screen"])
 
     runs = run_order(lengths, models, seeds, preset["fig3b_k"], scorings)
-    run_all(runs, 0 if args.tables_only else args.jobs, execute, record, scorings, done=done,
-            choose=lambda length, model: choose_scoring(screens, length, model))
-    print(open(os.path.join(args.out, "table.md")).read())
+    # Before anything trains or a table is written: a run under --out trained with other options
+    # (another preset) would be resumed, or shown under this command.
+    changed = {}
+    for run in runs:
+        for scoring in scorings if run.scoring == "chosen" else [run.scoring]:
+            concrete = run._replace(scoring=scoring)
+            if os.path.isdir(run_dir(concrete)):
+                copy_args, train = options(concrete)
+                # a screen and its continuation share the folder, each with its own --max-update
+                ignore = ["max_update"] if is_memory(run.model) and run.seed == 1 else []
+                changed[run_name(*concrete[:4])] = changed_options(
+                    run_dir(concrete), copy_args, train_options(train, run.seed, cap), ignore)
+    refuse_changed(parser, args.out, changed)
+    failed = run_all(runs, 0 if args.tables_only else args.jobs, execute, record, scorings, done=done,
+                     choose=lambda length, model: choose_scoring(screens, length, model))
+    if args.tables_only and not (results or screens):
+        parser.error(f"--tables-only: no finished run of this grid (--preset {args.preset}) in {args.out}/runs "
+                     "to make tables of")
+    if results or screens:
+        print(open(os.path.join(args.out, "table.md")).read())
+    return report_failed([run_dir(run) for run in failed])
 
 
 def run_all(runs, jobs, execute, record, scorings, done, choose):
@@ -509,8 +600,8 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
     combination of `scorings`, then takes choose(L, model). execute(run) trains (and scores)
     (False: failed); record(run) reads a finished run. Runs done already are recorded first,
     wherever they are in the order (so the tables show every finished run from the start), and
-    not run again; with jobs = 0 nothing else is."""
-    pending, ended = list(runs), set()
+    not run again; with jobs = 0 nothing else is. Returns the runs that failed."""
+    pending, ended, failed = list(runs), set(), []
     waiting = object()
 
     def resolve(run):
@@ -547,7 +638,7 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
     for run in list(pending):  # in order: a row's screens come before its chosen runs
         take(run, only_done=True)
     if jobs == 0:
-        return
+        return failed
     with ThreadPoolExecutor(jobs) as pool:
         running = {}
         while pending or running:
@@ -568,6 +659,9 @@ def run_all(runs, jobs, execute, record, scorings, done, choose):
                 ended.add(run)
                 if future.result():
                     record(run)
+                else:
+                    failed.append(run)
+    return failed
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ validation every 250 updates, the best checkpoint by validation loss decoded wit
 --min-len 0 (recipes/copy/train_eval.sh). Memory models: K = 32 and 64, both reads (attention over
 the K rows, the paper's mix c = beta C), the write as the architecture's defaults have it (softmax
 over time, no position encodings; --memory-args changes that).
-Writes OUT/table.md and OUT/curves_L{L}.png; resumable (a run with a score.json is kept).
+Writes OUT/table.md and OUT/curves_L{L}.png; resumable (a run with a score.json is kept; a run
+under OUT trained with other settings is refused, so that the table never shows it under this
+command). Exits 1 if a run failed.
 """
 
 import argparse
@@ -18,7 +20,10 @@ import os
 import shlex
 import sys
 
-from recipes.copy.sweep import plot_curves, read_run, read_train_log, train_and_score
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.cli import output_dir
+from recipes.copy.sweep import (changed_options, plot_curves, read_run, read_train_log, refuse_changed,
+                                report_failed, train_and_score, train_options)
 
 SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
          "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
@@ -67,30 +72,45 @@ def write_table(out, results, lengths, models, command):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/copy/transformer")
-    p.add_argument("--lengths", type=int, nargs="+", default=[20, 50])
+    p.add_argument("--out", type=output_dir, default="results/copy/transformer")
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[20, 50])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--updates", type=int, default=3000, help="the budget, equal for every model")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--updates", type=positive_int, default=3000, help="the budget, equal for every model")
+    p.add_argument("--seed", type=positive_int, default=1)
     p.add_argument("--memory-args", default="",
                    help="more fairseq-train options for the memory models, e.g. "
                         "'--memory-encoder-normalize time'")
     args = p.parse_args(argv)
-    for name in ("updates", "seed"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name}: {getattr(args, name)} (must be >= 1)")
-    bad = [n for n in args.lengths if n < 1]
-    if bad:
-        p.error(f"--lengths: {bad} (must be >= 1)")
+    try:
+        memory_args = shlex.split(args.memory_args)
+    except ValueError as error:
+        p.error(f"--memory-args {args.memory_args!r}: {error}")
+
+    def options(model):
+        return [*MODELS[model], *(memory_args if model != "transformer" else []), *training()]
+
+    # Before anything trains: fairseq-train takes every model's options, and no run under --out
+    # was trained with others (its score would be shown under this command).
+    changed = {}
+    for length in args.lengths:
+        for model in args.models:
+            try:
+                changed[run_name(length, model)] = changed_options(
+                    os.path.join(args.out, run_name(length, model)), f"--copy-max-len {length}",
+                    train_options(options(model), args.seed, args.updates))
+            except ValueError as error:  # only --memory-args can be wrong
+                p.error(f"--memory-args {args.memory_args!r}: {error}")
+    refuse_changed(p, args.out, changed)
+    os.makedirs(args.out, exist_ok=True)
     command = shlex.join(["python", "-m", "recipes.copy.transformer_quality", *(sys.argv[1:] if argv is None else argv)])
-    results = {}
+    results, failed = {}, []
     for length in args.lengths:
         for model in args.models:
             run_dir = os.path.join(args.out, run_name(length, model))
             if not os.path.exists(os.path.join(run_dir, "score.json")):
-                extra = shlex.split(args.memory_args) if model != "transformer" else []
-                train_and_score(run_dir, f"--copy-max-len {length}",
-                                [*MODELS[model], *extra, *training()], args.seed, cap=args.updates)
+                if not train_and_score(run_dir, f"--copy-max-len {length}", options(model), args.seed,
+                                       cap=args.updates):
+                    failed.append(run_dir)
             if os.path.exists(os.path.join(run_dir, "score.json")):
                 results[(length, model)] = read_run(run_dir)
             write_table(args.out, results, args.lengths, args.models, command)
@@ -99,7 +119,8 @@ def main(argv=None):
                   if os.path.exists(os.path.join(args.out, run_name(length, model), "train.log"))}
         plot_curves(os.path.join(args.out, f"curves_L{length}.png"),
                     f"copy task, L = {length}: Transformers at an equal budget", curves)
+    return report_failed(failed)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,8 +19,11 @@ of one directory: the downloaded ones, or the user's (``raw_dir``, for offline
 machines or any other language pair). Each step writes to a temporary name and
 renames it when complete, and skips an output that exists; once a step has run,
 every later step runs again, so nothing is built from an older version of its input.
+An output directory prepared from another corpus, pair or vocabulary size is
+refused (``check_prepared``) rather than kept.
 """
 
+import filecmp
 import gzip
 import os
 import re
@@ -224,6 +227,36 @@ def binarize(bpe_dir: str, langs, dest: str, workers: int):
     commit(tmp, dest)
 
 
+def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size: int):
+    """A DataError where OUT holds outputs of another corpus, pair or --vocab-size: prepare
+    would skip them as done and keep them."""
+    found = []
+    model = os.path.join(out, "spm.model")
+    if os.path.exists(model):
+        import sentencepiece as spm
+
+        pieces = spm.SentencePieceProcessor(model_file=model).get_piece_size()
+        if pieces != vocab_size:
+            found.append(f"spm.model of {pieces} pieces, not --vocab-size {vocab_size}")
+    for split in SPLITS:
+        for lang in langs:
+            bpe = os.path.join(out, "bpe", f"{split}.{lang}")
+            lines = count_lines(bpe) if os.path.exists(bpe) else counts[split]
+            if lines != counts[split]:
+                found.append(f"{bpe} of {lines} lines, not {counts[split]}")
+    for split in ("valid", "test"):
+        ref = os.path.join(out, "ref", f"{split}.{langs[1]}")
+        if os.path.exists(ref) and not filecmp.cmp(ref, os.path.join(raw, f"{split}.{langs[1]}"), shallow=False):
+            found.append(f"{ref} of another corpus")
+    binarized = os.path.join(out, "data-bin")
+    pair = "-".join(langs)
+    if os.path.isdir(binarized) and not os.path.isfile(os.path.join(binarized, f"train.{pair}.{langs[0]}.idx")):
+        found.append(f"{binarized} without {pair}")
+    if found:
+        raise DataError(f"--out {out} holds data prepared with other settings ({'; '.join(found[:3])}): "
+                        f"give another --out, or remove {out}")
+
+
 def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SIZE,
             workers: int = 1) -> Dict[str, int]:
     """Everything up to OUT/data-bin; returns the sentence counts per split.
@@ -231,6 +264,7 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
     langs = check_pair(pair) if raw_dir else check_download_pair(pair)
     raw = raw_dir or download(pair, out)
     counts = check_raw(raw, pair)
+    check_prepared(out, raw, langs, counts, vocab_size)
     print(f"{pair}: {counts['train']} training, {counts['valid']} validation, "
           f"{counts['test']} test sentence pairs in {raw}", flush=True)
     model = os.path.join(out, "spm.model")

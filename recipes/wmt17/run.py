@@ -30,6 +30,8 @@ from typing import List, Optional, Tuple
 
 import sacrebleu
 
+from fairseq_memattn.cli.arg_types import non_negative_int
+from recipes.cli import output_dir
 from recipes.wmt17 import data as wmt17
 from recipes.wmt17.data import PAIRS, VOCAB_SIZE, DataError, check_pair
 
@@ -96,6 +98,27 @@ def fairseq_tool(name: str) -> str:
     """fairseq's console script NAME: the one beside this Python, else the first on PATH (where
     fairseq was installed with pip's --target, as on the GPU machine)."""
     return shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name) or name
+
+
+def fairseq_train_options(argv: List[str]) -> argparse.Namespace:
+    """ARGV parsed as fairseq-train parses it, with this plugin's models and tasks: a ValueError
+    with fairseq's message ("unrecognized arguments: --memory-kk 8") where it would refuse them.
+    Seconds, not the minutes a training takes to fail."""
+    import fairseq_memattn
+
+    fairseq_memattn.register()
+    from fairseq import options
+
+    parser = options.get_training_parser()
+
+    def refuse(message):
+        raise ValueError(message)
+
+    parser.error = refuse
+    args, unknown = options.parse_args_and_arch(parser, argv, parse_known=True)
+    if unknown:
+        raise ValueError(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def device_args(gpus: int) -> List[str]:
@@ -170,7 +193,11 @@ def evaluate(pair: str, checkpoint: str, data: str, subset: str, out: str, gpus:
     if not os.path.isfile(checkpoint):
         raise DataError(f"checkpoint {checkpoint} does not exist")
     binarized = data_bin(data, pair)
-    with open(os.path.join(data, "ref", f"{subset}.{tgt}"), encoding="utf-8") as f:
+    reference = os.path.join(data, "ref", f"{subset}.{tgt}")
+    if not os.path.isfile(reference):  # prepare keeps the target side's: data of TGT-SRC has none
+        raise DataError(f"no reference translations {reference}: --data {data} was not prepared for {pair} "
+                        f"(recipes/wmt17/prepare.sh {pair} --out DIR)")
+    with open(reference, encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f]
     command = [fairseq_tool("fairseq-generate"), binarized, "--user-dir", PLUGIN_DIR,
                "--task", "translation", "--source-lang", src, "--target-lang", tgt,
@@ -217,7 +244,7 @@ def add_prepare_parser(sub):
                           help="download (or take --raw-dir), BPE, fairseq-preprocess")
     prep.add_argument("pair", help=f"SRC-TGT language codes: {', '.join(PAIRS)} to download the "
                       "WMT'17 data, any pair (e.g. en-fr) with --raw-dir")
-    prep.add_argument("--out", help="output directory (default data/wmt17/PAIR)")
+    prep.add_argument("--out", type=output_dir, help="output directory (default data/wmt17/PAIR)")
     prep.add_argument("--raw-dir", help="plain-text {train,valid,test}.{SRC,TGT} to use instead "
                       "of downloading (for offline machines and other pairs)")
     prep.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
@@ -261,7 +288,7 @@ def main(argv: List[str] = None):
     ev.add_argument("--runs", type=int, default=1, help="decode N times, report the mean time (Table 3: 10)")
     for p in (train, ev):
         p.add_argument("--data", help="prepare's output directory (default data/wmt17/PAIR)")
-        p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all; 0 = CPU)")
+        p.add_argument("--gpus", type=non_negative_int, default=None, help="GPUs to use (default: all; 0 = CPU)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "prepare" and extra:  # only train and evaluate pass options on to fairseq
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
