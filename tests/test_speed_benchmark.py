@@ -51,16 +51,8 @@ def test_tiny_grid(tmp_path):
 
     # A second run finds every cell done and measures nothing again.
     again = run_benchmark("--out", str(out), "--models", "noatt", "--lengths", "4",
-                          "--sources", "3", "--train-lengths")
+                          "--sources", "3", "--batch-size", "2", "--beam", "2", "--train-lengths")
     assert again.returncode == 0 and "decode L=" not in again.stdout
-
-
-@pytest.mark.slow
-def test_bad_options_are_named(tmp_path):
-    result = run_benchmark("--out", str(tmp_path), "--models", "k3")
-    assert result.returncode == 2 and "unknown --models k3" in result.stderr and "k32" in result.stderr
-    result = run_benchmark("--out", str(tmp_path), "--lengths", "0")
-    assert result.returncode == 2 and "lengths must be >= 1, got 0" in result.stderr
 
 
 def test_transformer_decode_tiny(monkeypatch, capsys):

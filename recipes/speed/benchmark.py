@@ -17,10 +17,13 @@ throughput (target tokens/s, forward + backward + Adam step) with and without in
 
 Writes OUT/decode.csv, OUT/train.csv, OUT/speed.md (tables and the speed targets) and
 OUT/decode_time.png; a finished cell already in OUT/decode.csv is not measured again.
+OUT/settings.json records what the times depend on (--sources, --batch-size, --beam, --threads,
+--train-batch-size): adding to a table measured with others is refused.
 """
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -32,6 +35,10 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
+from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from fairseq_memattn.cli.deploy_options import check_range
+from recipes.cli import output_dir
+from recipes.speed.options import changed
 from recipes.speed.report import read as read_csv, write_report
 
 # fairseq's `lstm` at the sizes of our models (its defaults are 512-d, unidirectional).
@@ -57,40 +64,74 @@ OURS = [name for name in MODELS if not name.startswith("lstm")]
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for the tables and the plot")
+    p.add_argument("--out", required=True, type=output_dir, help="directory for the tables and the plot")
     p.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME",
                    help=f"models to time (default: all of {', '.join(MODELS)})")
-    p.add_argument("--lengths", nargs="*", type=int, default=[10, 50, 100, 200, 400, 800], metavar="L",
+    p.add_argument("--lengths", nargs="*", type=positive_int, default=[10, 50, 100, 200, 400, 800], metavar="L",
                    help="source lengths to decode (none: skip decoding)")
-    p.add_argument("--sources", type=int, default=1000, help="sources decoded per measurement")
-    p.add_argument("--batch-size", type=int, default=20, help="sources per batch")
-    p.add_argument("--beam", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3, help="measurements per cell (median reported)")
+    p.add_argument("--sources", type=positive_int, default=1000, help="sources decoded per measurement")
+    p.add_argument("--batch-size", type=positive_int, default=20, help="sources per batch")
+    p.add_argument("--beam", type=positive_int, default=10)
+    p.add_argument("--repeats", type=positive_int, default=3, help="measurements per cell (median reported)")
     p.add_argument("--min-cell-seconds", type=float, default=0.0,
                    help="repeat a cell beyond --repeats until it has used this long (short L)")
-    p.add_argument("--max-cell-seconds", type=float, default=300.0,
+    p.add_argument("--max-cell-seconds", type=positive_number, default=300.0,
                    help="stop repeating a cell once it has used this long (at least one measurement)")
-    p.add_argument("--train-lengths", nargs="*", type=int, default=[200], metavar="L",
+    p.add_argument("--train-lengths", nargs="*", type=positive_int, default=[200], metavar="L",
                    help="lengths for the training-throughput table (none: skip it)")
-    p.add_argument("--train-batch-size", type=int, default=32)
-    p.add_argument("--train-steps", type=int, default=5, help="timed training steps (median reported)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timings)")
+    p.add_argument("--train-batch-size", type=positive_int, default=32)
+    p.add_argument("--train-steps", type=positive_int, default=5, help="timed training steps (median reported)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1: steady timings)")
     args = p.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         p.error(f"unknown --models {', '.join(unknown)} (choose from {', '.join(MODELS)})")
-    for name in ("sources", "batch_size", "beam", "repeats", "train_batch_size", "train_steps", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for length in args.lengths + args.train_lengths:
-        if length < 1:
-            p.error(f"lengths must be >= 1, got {length}")
+    check_range(p, args, "min_cell_seconds", 0)
+    args.settings = checked_settings(p, args)
     return args
+
+
+# What each table's measurements depend on (not how often they are repeated): a folder's rows are
+# all made with the same, which settings.json records.
+SETTINGS = {"decode": ("sources", "batch_size", "beam", "threads"), "train": ("train_batch_size", "threads")}
+# what a table written before settings.json holds of them: {setting: its column}
+IN_ROWS = {"decode": {"sources": "sources", "beam": "beam"}, "train": {"train_batch_size": "batch"}}
+
+
+def checked_settings(p, args):
+    """The settings to record in --out, with this run's for the tables it adds to; a table there
+    measured with other settings is refused (the two would share one report)."""
+    path = os.path.join(args.out, "settings.json")
+    recorded = {}
+    if os.path.isfile(path):
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+        except ValueError as error:
+            p.error(f"{path}: not readable as JSON ({error}); give another --out")
+    for table, lengths in (("decode", args.lengths), ("train", args.train_lengths)):
+        if not lengths:
+            continue
+        now = {name: getattr(args, name) for name in SETTINGS[table]}
+        rows = read_csv(os.path.join(args.out, f"{table}.csv"))
+        if rows:
+            before = recorded.get(table) or {name: rows[0][column] for name, column in IN_ROWS[table].items()
+                                             if column in rows[0]}
+            differs = changed(before, now)
+            if differs:
+                p.error(f"{os.path.join(args.out, table + '.csv')} holds times measured with other settings: "
+                        f"{differs}; give another --out")
+        recorded[table] = now
+    return recorded
 
 
 def build_model(name, max_len, input_feeding=False):
     """An untrained model as fairseq-train would build it (seed 0), and its task."""
     from fairseq import options, tasks
+
+    import fairseq_memattn
+
+    fairseq_memattn.register()  # imported before fairseq (its option types), so --user-dir imports nothing
 
     cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
            "--max-source-positions", str(max_len + 2), "--max-target-positions", str(max_len + 2),
@@ -239,6 +280,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "settings.json"), "w") as f:
+        json.dump(args.settings, f)
     decode_csv, train_csv = os.path.join(args.out, "decode.csv"), os.path.join(args.out, "train.csv")
     benchmark_decoding(args, decode_csv)
     benchmark_training(args, train_csv)

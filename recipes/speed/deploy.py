@@ -19,7 +19,9 @@ warm-up on one source; with --rounds R the grid is measured R times, engine afte
 cell reports the median of its rounds. Each engine and thread count runs in its own process, whose
 peak resident memory (ru_maxrss, model loading included) is reported; so is the GEMM backend
 CTranslate2 picked on this CPU (MKL on Intel, oneDNN elsewhere). Needs the optional extra deploy
-(onnx, onnxruntime) and ctranslate2.
+(onnx, onnxruntime) and ctranslate2. A model folder of --workdir records what its model was made
+from (made_from.json) and is made again when that changes; each row of --rows records the models,
+--sources, --beam and --split it was measured with, and rows of others are refused.
 
 With --trained TRANSFORMER.pt MEMATTN.pt --data DIR the engines run trained checkpoints instead (a
 fairseq `transformer` and a `transformer_memattn` with the same dictionaries, e.g. the Bible
@@ -34,6 +36,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +45,9 @@ import time
 import numpy as np
 
 from fairseq_memattn.cli import log_to_stderr
+from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from recipes.cli import existing_dir, existing_file, folder_with, output_dir, output_file
+from recipes.speed.options import changed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -65,28 +71,33 @@ ENGINES = {  # name: (label, model)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source-lens", nargs="*", type=int, default=[50, 200, 800, 2000], metavar="S")
-    p.add_argument("--target-len", type=int, default=50)
-    p.add_argument("--copy-lens", nargs="*", type=int, default=[200, 800], metavar="L", help="|T| = |S| = L")
-    p.add_argument("--sources", type=int, default=20)
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--memory-k", type=int, default=32)
+    p.add_argument("--source-lens", nargs="*", type=positive_int, default=[50, 200, 800, 2000], metavar="S")
+    p.add_argument("--target-len", type=positive_int, default=50)
+    p.add_argument("--copy-lens", nargs="*", type=positive_int, default=[200, 800], metavar="L", help="|T| = |S| = L")
+    p.add_argument("--sources", type=positive_int, default=20)
+    p.add_argument("--beam", type=positive_int, default=5)
+    p.add_argument("--memory-k", type=positive_int, default=32)
     p.add_argument("--size", choices=list(SIZE_NAMES), default="small")
-    p.add_argument("--vocab", type=int, default=20, help="symbols of the copy task's dictionary")
-    p.add_argument("--trained", nargs=2, metavar=("TRANSFORMER", "MEMATTN"),
+    p.add_argument("--vocab", type=positive_int, default=20, help="symbols of the copy task's dictionary")
+    p.add_argument("--trained", nargs=2, type=existing_file, metavar=("TRANSFORMER", "MEMATTN"),
                    help="trained checkpoints to time on --data's test split (natural lengths)")
-    p.add_argument("--data", help="with --trained: the data folder (bpe/test.SRC, data-bin/dict.SRC.txt)")
+    p.add_argument("--data", type=existing_dir,
+                   help="with --trained: the data folder (bpe/test.SRC, data-bin/dict.SRC.txt)")
     p.add_argument("--source-lang", default="en")
-    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cell-seconds", type=float, default=60,
+    p.add_argument("--threads", nargs="+", type=positive_int, default=[1, 2])
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--cell-seconds", type=positive_number, default=60,
                    help="no further repeat once a cell's timed runs have taken this long")
-    p.add_argument("--engines", nargs="*", default=list(ENGINES), choices=list(ENGINES))
-    p.add_argument("--workdir", default="/tmp/memattn-deploy-bench", help="checkpoints and converted models")
-    p.add_argument("--out", help="write the markdown here (and the plot beside it, .png)")
-    p.add_argument("--rows", help="JSON lines of measured rows: read, and appended to cell by cell; a cell "
-                                  "already there is not measured again (a long grid in several runs)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--workdir", type=output_dir, default="/tmp/memattn-deploy-bench",
+                   help="checkpoints and converted models, each in a folder made again when the options it "
+                        "depends on change")
+    p.add_argument("--out", type=output_file, help="write the markdown here (and the plot beside it, .png)")
+    p.add_argument("--rows", type=output_file,
+                   help="JSON lines of measured rows: read, and appended to cell by cell; a cell "
+                        "already there is not measured again (a long grid in several runs; rows "
+                        "measured with other models, --sources, --beam or --split are refused)")
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="measure the grid this many times, every engine in turn each round, and report "
                         "each cell's median over the rounds: the machine's drift then falls on all engines")
     p.add_argument("--split", action="store_true",
@@ -98,7 +109,85 @@ def parse_args(argv=None):
     if args.split and {"fairseq", "memattn"} & set(args.engines):
         p.error("--split: fairseq-generate (engines fairseq, memattn) decodes a batch as one; "
                 "time it without --split")
+    if args.worker:
+        return args
+    check_models(p, args)
+    args.workdir = os.path.abspath(args.workdir)  # the export runs in the repository's folder
+    args.earlier_rows = earlier_rows(p, args)
     return args
+
+
+def check_models(p, args):
+    """--trained's checkpoints (a transformer, then a transformer_memattn) and --data, or the cells
+    of the untrained models: before anything is converted or timed."""
+    if not args.trained:
+        if args.data:
+            p.error("--data goes with --trained")
+        if not cells(args):
+            p.error("no cells to time: give lengths to --source-lens or --copy-lens (or --trained)")
+        return
+    if not args.data:
+        p.error("--trained needs --data, the folder with its test split and dictionaries")
+    try:
+        folder_with(os.path.join("bpe", f"test.{args.source_lang}"),
+                    os.path.join("data-bin", f"dict.{args.source_lang}.txt"))(args.data)
+    except argparse.ArgumentTypeError as error:
+        p.error(f"argument --data: {error}")
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.models.transformer import TransformerModel
+
+    from fairseq_memattn.checkpoint_safety import architecture, read_checkpoint
+    from fairseq_memattn.errors import UserError
+    from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
+
+    for checkpoint, wanted, kind in zip(args.trained, (TransformerModel, MemAttnTransformerModel),
+                                        ("transformer", "transformer_memattn")):
+        try:
+            cfg = read_checkpoint(checkpoint)["cfg"]
+        except UserError as error:
+            p.error(f"argument --trained: {error}")
+        arch = architecture(cfg["model"])
+        if ARCH_MODEL_REGISTRY.get(arch) is not wanted:
+            p.error(f"argument --trained: {checkpoint} holds a {arch} model, not a {kind} "
+                    f"(give a fairseq transformer, then a transformer_memattn)")
+        source, target = (getattr(cfg["task"], key, None) for key in ("source_lang", "target_lang"))
+        if source and source != args.source_lang:  # the test split of another language would be timed
+            p.error(f"--source-lang {args.source_lang}: {checkpoint} translates from {source}")
+        if target and not os.path.isfile(os.path.join(args.data, "data-bin", f"dict.{target}.txt")):
+            p.error(f"argument --data: {args.data}: no data-bin/dict.{target}.txt in it (the target "
+                    f"dictionary of {checkpoint})")
+
+
+def measured_with(args) -> dict:
+    """What a row's time depends on besides its engine, threads and cell (not how often it is repeated)."""
+    models = ({"trained": [os.path.abspath(path) for path in args.trained], "data": os.path.abspath(args.data),
+               "source_lang": args.source_lang} if args.trained
+              else {"size": args.size, "vocab": args.vocab, "memory_k": args.memory_k})
+    return {"trained": None, **models, "sources": args.sources, "beam": args.beam, "split": args.split}
+
+
+def earlier_rows(p, args) -> list:
+    """--rows's rows, refused where measured with other settings: they would be reported as this
+    run's (rows written before the settings were kept with them are taken as they are)."""
+    if not (args.rows and os.path.exists(args.rows)):
+        return []
+    rows, now = [], measured_with(args)
+    with open(args.rows) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not {"engine", "threads", "S", "T", "seconds", "peak_mib"} <= row.keys():
+                p.error(f"--rows {args.rows}: line {number} is not a row of recipes.speed.deploy")
+            differs = changed(row.get("settings", now), now)
+            if differs:
+                p.error(f"--rows {args.rows} holds times measured with other settings: {differs}; "
+                        f"give another --rows")
+            rows.append(row)
+    return rows
 
 
 TEST_SPLIT = (0, 0)  # the cell of --trained: --data's test split, natural output lengths
@@ -130,22 +219,24 @@ def prepare(args):
     size = BASE_SIZE if args.size == "base" else ["--encoder-layers", "3", "--decoder-layers", "3", *SIZES]
     paths = {}
     for name, arch in models.items():
-        folder = os.path.join(args.workdir, f"{name}-{args.size}-{args.vocab}-{longest}")
+        # as transformer_decode.build: the copy task's symbols, positions for the longest cell
+        memory = ["--memory-position-max-len", str(longest + 1)] if name == "memattn" else []
+        command = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(longest), "--cpu",
+                   "--copy-vocab-size", str(args.vocab), "--max-source-positions", str(longest + 2),
+                   "--max-target-positions", str(longest + 2), *size, *arch, *memory]
+        label = f"{name}-{args.size}-{args.vocab}-{longest}" + (f"-k{args.memory_k}" if name == "memattn" else "")
+        folder = model_folder(os.path.join(args.workdir, label), {"fairseq-train": command})
         checkpoint = os.path.join(folder, "checkpoint.pt")
         if not os.path.exists(checkpoint):
-            os.makedirs(folder, exist_ok=True)
-            # as transformer_decode.build: the copy task's symbols, positions for the longest cell
-            memory = ["--memory-position-max-len", str(longest + 1)] if name == "memattn" else []
-            train_args = options.parse_args_and_arch(options.get_training_parser(), [
-                "--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(longest), "--cpu",
-                "--copy-vocab-size", str(args.vocab), "--max-source-positions", str(longest + 2),
-                "--max-target-positions", str(longest + 2), *size, *arch, *memory])
+            train_args = options.parse_args_and_arch(options.get_training_parser(), command)
             task = tasks.setup_task(train_args)
             torch.manual_seed(0)
             model = task.build_model(train_args)
             torch.save({"args": train_args, "model": model.state_dict(), "extra_state": {"train_iterator": {"epoch": 0}},
                         "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
-                                               "lr_scheduler_state": {"best": None}, "num_updates": 0}]}, checkpoint)
+                                               "lr_scheduler_state": {"best": None}, "num_updates": 0}]},
+                       checkpoint + ".partial")
+            os.replace(checkpoint + ".partial", checkpoint)
         paths[name] = folder
     convert_and_export(args, paths, data_dir=paths["transformer"])
     return paths
@@ -153,33 +244,59 @@ def prepare(args):
 
 def prepare_trained(args):
     """--trained: each checkpoint linked into its folder of args.workdir, converted and exported there."""
+    data_dir = os.path.abspath(os.path.join(args.data, "data-bin"))
     paths = {}
     for name, checkpoint in zip(("transformer", "memattn"), args.trained):
-        folder = os.path.join(args.workdir, f"trained-{name}")
-        os.makedirs(folder, exist_ok=True)
+        checkpoint, found = os.path.abspath(checkpoint), os.stat(checkpoint)
+        folder = model_folder(os.path.join(args.workdir, f"trained-{name}"), {
+            "checkpoint": checkpoint, "bytes": found.st_size, "modified_ns": found.st_mtime_ns, "data": data_dir})
         link = os.path.join(folder, "checkpoint.pt")
-        if not os.path.exists(link):
-            os.symlink(os.path.abspath(checkpoint), link)
+        if not os.path.lexists(link):
+            os.symlink(checkpoint, link)
         paths[name] = folder
-    convert_and_export(args, paths, data_dir=os.path.join(args.data, "data-bin"))
+    convert_and_export(args, paths, data_dir=data_dir)
     return paths
 
 
+def model_folder(folder, made_from):
+    """FOLDER, for a model made from MADE_FROM (all it depends on, as JSON): emptied first where it
+    holds one made from anything else, so that a model of other options is never timed under these."""
+    record = os.path.join(folder, "made_from.json")
+    try:
+        with open(record) as f:
+            if json.load(f) == made_from:
+                return folder
+    except (OSError, ValueError):
+        pass
+    if os.path.lexists(folder):
+        print(f"{folder}: made from other options, made again", file=sys.stderr, flush=True)
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    with open(record, "w") as f:
+        json.dump(made_from, f)
+    return folder
+
+
 def convert_and_export(args, paths, data_dir):
-    """The CTranslate2 models of paths["transformer"] and the ONNX exports of paths["memattn"]."""
-    converters = {"ct2-f32": [], "ct2-int8": ["--quantization", "int8"]}
-    for engine, extra in converters.items():
-        out = os.path.join(paths["transformer"], engine)
-        if engine in args.engines and not os.path.exists(out):
-            subprocess.run([os.path.join(os.path.dirname(sys.executable), "ct2-fairseq-converter"),
-                            "--model_path", os.path.join(paths["transformer"], "checkpoint.pt"),
-                            "--data_dir", data_dir, "--user_dir", PLUGIN, "--output_dir", out,
-                            "--unsafe_deserialization", *extra], check=True)
-    for engine, extra in {"onnx-f32": [], "onnx-int8": ["--quantize", "int8"]}.items():
-        out = os.path.join(paths["memattn"], engine)
-        if engine in args.engines and not os.path.exists(out):
-            subprocess.run([sys.executable, "-m", "fairseq_memattn.export", os.path.join(paths["memattn"], "checkpoint.pt"),
-                            out, "--data", data_dir, *extra], check=True, cwd=REPO)
+    """The CTranslate2 models of paths["transformer"] and the ONNX exports of paths["memattn"], each
+    written to a .partial folder first: an interrupted one is not taken for finished."""
+    for engine in args.engines:
+        model = ENGINES[engine][1]
+        out = os.path.join(paths[model], engine)
+        if engine in ("fairseq", "memattn") or os.path.exists(out):
+            continue
+        checkpoint, partial = os.path.join(paths[model], "checkpoint.pt"), out + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        if engine.startswith("ct2"):
+            command = [os.path.join(os.path.dirname(sys.executable), "ct2-fairseq-converter"), "--model_path",
+                       checkpoint, "--data_dir", data_dir, "--user_dir", PLUGIN, "--output_dir", partial,
+                       "--unsafe_deserialization", *(["--quantization", "int8"] if engine == "ct2-int8" else [])]
+        else:
+            command = [sys.executable, "-m", "fairseq_memattn.export", checkpoint, partial, "--data", data_dir,
+                       *(["--quantize", "int8"] if engine == "onnx-int8" else [])]
+        if subprocess.run(command, cwd=REPO).returncode != 0:
+            sys.exit(f"{engine}: converting {os.path.realpath(checkpoint)} failed (its error is above)")
+        os.rename(partial, out)
 
 
 # --- one engine in its own process -----------------------------------------------------
@@ -418,17 +535,18 @@ def plot(rows, args, path):
     fig.savefig(path, dpi=120)
 
 
-def measure(engine, threads, folder, todo, argv, rows_path, round_=0):
-    """Run one engine's worker process on the cells todo; its rows (marked with the round), each
-    appended to rows_path as it arrives (an interrupted grid resumes at the next cell)."""
+def measure(engine, threads, folder, todo, argv, rows_path, settings, round_=0):
+    """Run one engine's worker process on the cells todo; its rows (marked with the round and the
+    settings), each appended to rows_path as it arrives (an interrupted grid resumes at the next cell)."""
     passed = list(argv if argv is not None else sys.argv[1:])
     spec = ";".join(f"{s},{t}" for s, t in todo)
-    worker = subprocess.Popen([sys.executable, __file__, *passed, "--worker", f"{engine}:{threads}:{folder}:{spec}"],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO,
+    # in this process's folder: the paths passed on mean there what they mean here
+    worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), *passed, "--worker",
+                               f"{engine}:{threads}:{folder}:{spec}"], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
     measured = []
     for line in worker.stdout:
-        row = {**json.loads(line), "round": round_}
+        row = {**json.loads(line), "round": round_, "settings": settings}
         measured.append(row)
         if rows_path:
             with open(rows_path, "a") as f:
@@ -456,10 +574,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     paths = prepare(args)
-    rows = []
-    if args.rows and os.path.exists(args.rows):
-        with open(args.rows) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    rows = args.earlier_rows
     for round_ in range(args.rounds):
         for threads in args.threads:
             for engine in args.engines:
@@ -467,7 +582,8 @@ def main(argv=None):
                         if r["engine"] == engine and r["threads"] == threads and r.get("round", 0) == round_}
                 todo = [cell for cell in cells(args) if cell not in done]
                 if todo:
-                    rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows, round_)
+                    rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows,
+                                    measured_with(args), round_)
     rows = median_over_rounds(rows)
     command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
     factors = engine_factors(rows, args)

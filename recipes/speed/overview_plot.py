@@ -9,8 +9,10 @@ fixed-size memory's flat line is visible at a glance.
 """
 
 import argparse
+import os
 
-from recipes.speed.report import grid, read
+from recipes.cli import existing_file, output_file
+from recipes.speed.report import grid, read_decode
 
 # (model in decode.csv, legend, line style): memory attention, no attention, content attention.
 SHOWN = [
@@ -22,12 +24,26 @@ SHOWN = [
 ]
 
 
+def image_file(text: str) -> str:
+    """An image to write, in a format matplotlib writes (told by its extension)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if os.path.splitext(text)[1][1:].lower() not in formats:
+        raise argparse.ArgumentTypeError(f"{text}: give an image file ending in one of "
+                                         f"{', '.join('.' + f for f in formats)}")
+    return output_file(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("csv", help="benchmark.py's decode.csv")
-    parser.add_argument("output", help="image to write (.png, .svg, ...)")
+    parser.add_argument("csv", type=existing_file, help="benchmark.py's decode.csv")
+    parser.add_argument("output", type=image_file, help="image to write (.png, .svg, ...)")
     args = parser.parse_args(argv)
-    rows = read(args.csv)
+    try:
+        rows = read_decode(args.csv)
+    except ValueError as error:
+        parser.error(str(error))
     if not rows:
         parser.error(f"no rows in {args.csv} (run recipes.speed.benchmark first)")
     seconds, _, _ = grid(rows, lambda r: float(r["seconds"]))

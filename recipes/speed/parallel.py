@@ -25,24 +25,38 @@ import subprocess
 import sys
 import time
 
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.cli import existing_file, folder_with, output_file
+from recipes.speed.options import load_export
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_LEN = 200
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ct2", nargs="*", default=[], help="CTranslate2 model folders")
+    p.add_argument("--ct2", nargs="*", type=folder_with("model.bin"), default=[], help="CTranslate2 model folders")
     p.add_argument("--export", nargs="*", default=[], help="fairseq-memattn-export folders")
-    p.add_argument("--input", required=True, help="the sources as pieces, one sentence per line")
-    p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", help="write the markdown table here too")
+    p.add_argument("--input", required=True, type=existing_file, help="the sources as pieces, one sentence per line")
+    p.add_argument("--cores", type=positive_int, default=2)
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--beam", type=positive_int, default=4)
+    p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--out", type=output_file, help="write the markdown table here too")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # ENGINE:THREADS:WORKERS:FOLDER, run in a subprocess
     args = p.parse_args(argv)
+    if args.worker:
+        return args
     if not args.ct2 and not args.export:
         p.error("give at least one model folder (--ct2 or --export)")
+    for folder in args.export:  # a broken one would fail only in its worker, after the others' timings
+        load_export(p, folder)
+    try:
+        with open(args.input, encoding="utf-8") as f:
+            if not any(line.strip() for line in f):
+                p.error(f"--input {args.input}: no sentences in it")
+    except UnicodeDecodeError as error:
+        p.error(f"--input {args.input}: not UTF-8 text ({error})")
     return args
 
 
@@ -87,7 +101,7 @@ def worker(args):
 def measure(engine: str, folder: str, threads: int, workers: int, argv) -> dict:
     passed = list(argv if argv is not None else sys.argv[1:])
     result = subprocess.run([sys.executable, os.path.abspath(__file__), *passed, "--worker",
-                             f"{engine}:{threads}:{workers}:{folder}"], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             f"{engine}:{threads}:{workers}:{folder}"], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads)})
     if result.returncode != 0:
         sys.exit(f"{engine} {folder} with {threads} thread(s) x {workers} failed (its error is above)")

@@ -24,6 +24,10 @@ import time
 
 import numpy as np
 
+from fairseq_memattn.cli.arg_types import positive_int
+from recipes.cli import output_file
+from recipes.speed.options import load_export
+
 WEIGHT_OPS = ("Gemm", "FusedGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
 
 
@@ -38,21 +42,21 @@ def optimized_copy(model: str, out: str) -> str:
     return out
 
 
-def parse_args(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a folder written by fairseq-memattn-export")
-    p.add_argument("--source-len", type=int, default=100)
-    p.add_argument("--target-len", type=int, default=50)
-    p.add_argument("--sources", type=int, default=16)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--top", type=int, default=12, help="operators listed per graph")
+    p.add_argument("--source-len", type=positive_int, default=100)
+    p.add_argument("--target-len", type=positive_int, default=50)
+    p.add_argument("--sources", type=positive_int, default=16)
+    p.add_argument("--beam", type=positive_int, default=4)
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--top", type=positive_int, default=12, help="operators listed per graph")
     p.add_argument("--transformer-optimizer", action="store_true",
                    help="also time the graphs as ONNX Runtime's transformer optimizer rewrites them "
                         "(onnxruntime.transformers.optimizer, model type bert: fused LayerNorm, SkipLayerNorm, "
                         "attention where its patterns match)")
-    p.add_argument("--out", help="write the markdown tables here too")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=output_file, help="write the markdown tables here too")
+    return p
 
 
 def operator_times(profile_path: str):
@@ -95,7 +99,8 @@ def forced_batch(translator, rng, sources: int, source_len: int, target_len: int
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     from fairseq_memattn.deploy.translator import Translator, default_session_options
 
     def translator(model=args.model, profile_prefix=None):
@@ -104,9 +109,14 @@ def main(argv=None):
             options.enable_profiling, options.profile_file_prefix = True, profile_prefix
         return Translator(model, session_options=options)
 
-    plain = translator()
+    plain, _ = load_export(p, args.model, args.threads)
     src, options = forced_batch(plain, np.random.default_rng(0), args.sources, args.source_len, args.target_len,
                                 args.beam)
+    # a source's EOS takes a position; an output's tokens may take all but one
+    for flag, length, most in (("--source-len", args.source_len, plain.config["max_source_positions"]),
+                               ("--target-len", args.target_len, plain.config["max_target_positions"] - 1)):
+        if length > most:
+            p.error(f"invalid {flag}: {length} (this model's positions allow at most {most})")
 
     def seconds(translator):
         translator.generate(src[:1], **options)  # warm-up

@@ -23,6 +23,26 @@ def read(path):
         return list(csv.DictReader(f))
 
 
+DECODE_COLUMNS = ("model", "label", "L", "sources", "beam", "seconds", "ms_per_step", "bytes_per_hypothesis")
+
+
+def read_decode(path):
+    """benchmark.py's decode.csv; ValueError naming the file for anything else (a speed.md, say)."""
+    try:
+        rows = read(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"{path}: not readable as a CSV ({error})") from None
+    missing = [column for column in DECODE_COLUMNS if rows and column not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: not a decode.csv of recipes.speed.benchmark (no column {', '.join(missing)})")
+    for line, row in enumerate(rows, start=2):
+        try:
+            int(row["L"]), int(row["bytes_per_hypothesis"]), float(row["seconds"]), float(row["ms_per_step"])
+        except (TypeError, ValueError):  # TypeError: a row cut short
+            raise ValueError(f"{path}: line {line} is not a row of recipes.speed.benchmark's numbers") from None
+    return rows
+
+
 def grid(rows, value):
     """{model: {L: value(row)}} and the models (in first-seen order) and lengths present."""
     table, models = {}, []
@@ -154,6 +174,10 @@ def main(argv=None):
     out = parser.parse_args(argv).out
     if not os.path.isfile(os.path.join(out, "decode.csv")):
         parser.error(f"no decode.csv in {out} (run recipes.speed.benchmark first)")
+    try:
+        read_decode(os.path.join(out, "decode.csv"))
+    except ValueError as error:
+        parser.error(str(error))
     write_report(out, f"python -m recipes.speed.report {out}")
 
 

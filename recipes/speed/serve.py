@@ -23,26 +23,30 @@ import time
 
 import numpy as np
 
+from fairseq_memattn.cli.arg_types import non_negative_int, positive_int
+from fairseq_memattn.cli.deploy_options import check_range
+from recipes.cli import existing_file, output_file
+from recipes.speed.options import load_export
 
 
-def parse_args(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a folder written by fairseq-memattn-export")
-    p.add_argument("--input", help="raw text, one sentence per line (default: random symbols)")
-    p.add_argument("--sentences", type=int, default=200)
-    p.add_argument("--lengths", type=int, nargs=2, default=[5, 30], metavar=("MIN", "MAX"),
+    p.add_argument("--input", type=existing_file, help="raw text, one sentence per line (default: random symbols)")
+    p.add_argument("--sentences", type=positive_int, default=200)
+    p.add_argument("--lengths", type=positive_int, nargs=2, default=[5, 30], metavar=("MIN", "MAX"),
                    help="tokens of the random sentences")
-    p.add_argument("--clients", type=int, nargs="*", default=[1, 4, 16])
-    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--clients", type=positive_int, nargs="*", default=[1, 4, 16])
+    p.add_argument("--beam", type=positive_int, default=5)
     p.add_argument("--max-len-a", type=float, default=1.2)
-    p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
-    p.add_argument("--workers", type=int, default=1, help="the server's batches decoded at once")
+    p.add_argument("--max-len-b", type=non_negative_int, default=10)
+    p.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--workers", type=positive_int, default=1, help="the server's batches decoded at once")
     p.add_argument("--batch-window-ms", type=float, default=5.0)
-    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--max-tokens", type=positive_int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="write the markdown table here too")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=output_file, help="write the markdown table here too")
+    return p
 
 
 def sentences(args, codec) -> list:
@@ -91,14 +95,26 @@ def row(label: str, latencies: list, seconds: float) -> str:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    from fairseq_memattn.deploy import TextCodec, Translator
+    p = parser()
+    args = p.parse_args(argv)
+    check_range(p, args, "max_len_a", 0)
+    check_range(p, args, "batch_window_ms", 0)
+    if args.lengths[0] > args.lengths[1]:
+        p.error(f"invalid --lengths: {args.lengths[0]} {args.lengths[1]} (MIN must be <= MAX)")
+    from fairseq_memattn.deploy import SourceError
     from fairseq_memattn.deploy.serve import BackgroundServer, make_app
 
-    translator = Translator(args.model, threads=args.threads)
-    codec = TextCodec(translator.src_dict, translator.tgt_dict, translator.sentencepiece_model)
+    translator, codec = load_export(p, args.model, args.threads)
     lines = sentences(args, codec)
+    if not lines:
+        p.error(f"no lines in {args.input}")
     options = dict(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    for number, line in enumerate(lines, start=1):  # the server would answer 413 or 400, failing a client
+        try:
+            translator.check_source(codec.source(line)[1], max_tokens=args.max_tokens, max_len_a=args.max_len_a,
+                                    max_len_b=args.max_len_b)
+        except SourceError as error:
+            p.error(f"sentence {number}{f' of {args.input}' if args.input else ''}: {error}")
     translator.translate_ids([codec.source(lines[0])[1]], **options)  # warm-up
     table = [f"{len(lines)} sentences, beam {args.beam}, {args.threads} thread(s), the server's workers "
              f"{args.workers}, batching window "

@@ -42,6 +42,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
+from fairseq_memattn.cli.arg_types import non_negative_int, positive_int
+from recipes.cli import output_file
 from recipes.speed.benchmark import copy_batches, decoder_for
 
 SIZES = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
@@ -57,38 +59,34 @@ MODELS = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source-lens", nargs="*", type=int, default=[50, 200, 800, 2000], metavar="S",
+    p.add_argument("--source-lens", nargs="*", type=positive_int, default=[50, 200, 800, 2000], metavar="S",
                    help="(a) source lengths decoded to --target-len tokens")
-    p.add_argument("--target-len", type=int, default=50, help="(a) forced output length")
-    p.add_argument("--copy-lens", nargs="*", type=int, default=[50, 200, 800], metavar="L",
+    p.add_argument("--target-len", type=positive_int, default=50, help="(a) forced output length")
+    p.add_argument("--copy-lens", nargs="*", type=positive_int, default=[50, 200, 800], metavar="L",
                    help="(b) copy regime: |T| = |S| = L")
-    p.add_argument("--sources", type=int, default=20, help="sources per batch (one batch per cell)")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--layers", nargs=2, type=int, default=[3, 3], metavar=("ENCODER", "DECODER"),
+    p.add_argument("--sources", type=positive_int, default=20, help="sources per batch (one batch per cell)")
+    p.add_argument("--beam", type=positive_int, default=5)
+    p.add_argument("--layers", nargs=2, type=positive_int, default=[3, 3], metavar=("ENCODER", "DECODER"),
                    help="encoder and decoder layers of every model (e.g. 12 1: a deep encoder and a "
                         "shallow decoder, Kasai et al. 2021)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds per cell (medians reported)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="rounds per cell (medians reported)")
     p.add_argument("--max-cell-seconds", type=float, default=60.0,
                    help="no further round once a cell has used this long (at least one round)")
-    p.add_argument("--train-len", type=int, default=800, help="|S| = |T| of the training batch (0: skip)")
-    p.add_argument("--train-steps", type=int, default=2, help="timed training steps (median reported)")
+    p.add_argument("--train-len", type=non_negative_int, default=800, help="|S| = |T| of the training batch (0: skip)")
+    p.add_argument("--train-steps", type=positive_int, default=2, help="timed training steps (median reported)")
     p.add_argument("--profile-missed", action="store_true",
                    help="profile the cells of missed targets (torch.profiler, top ops)")
-    p.add_argument("--out", help="also write the markdown to this file")
-    args = p.parse_args(argv)
-    for name in ("target_len", "sources", "beam", "repeats", "train_steps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if min(args.layers) < 1:
-        p.error(f"--layers must be >= 1, got {' '.join(map(str, args.layers))}")
-    if min(args.source_lens + args.copy_lens + [args.train_len or 1]) < 1:
-        p.error("lengths must be >= 1")
-    return args
+    p.add_argument("--out", type=output_file, help="also write the markdown to this file")
+    return p.parse_args(argv)
 
 
 def build(arch_args, max_len, layers=(3, 3)):
     """An untrained model as fairseq-train builds it (seed 0), its task and fairseq's cross_entropy."""
     from fairseq import options, tasks
+
+    import fairseq_memattn
+
+    fairseq_memattn.register()  # imported before fairseq (its option types), so --user-dir imports nothing
 
     memory = ["--memory-position-max-len", str(max_len + 1)] if "transformer_memattn" in arch_args else []
     cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
