@@ -59,3 +59,17 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
     os.makedirs(folder, exist_ok=True)
     return text
+
+
+def duplicates(values):
+    """The values given more than once, in the order first given."""
+    return sorted({v for v in values if values.count(v) > 1}, key=values.index)
+
+
+def check(parser, option, kind, value):
+    """KIND(VALUE) for a type that depends on other options (the files of the chosen language
+    pair, say), so it is applied after parsing; its refusal is PARSER's one line naming OPTION."""
+    try:
+        return kind(value)
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"argument {option}: {error}")

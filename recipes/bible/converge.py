@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fairseq_memattn.cli.arg_types import non_negative_int, positive_int, positive_number
 from recipes.bible import compare, lstm_gap
-from recipes.bible.options import check, duplicates, prepared
-from recipes.cli import existing_file, folder_with, output_dir
+from recipes.bible.options import prepared
+from recipes.cli import check, duplicates, existing_file, folder_with, output_dir
 from recipes.convert import run as convert_run
 from recipes.train_log import finished, read_train_log
 

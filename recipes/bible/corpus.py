@@ -24,8 +24,8 @@ import tempfile
 import zipfile
 
 from fairseq_memattn.cli.arg_types import positive_int
-from recipes.bible.options import check, language_pair
-from recipes.cli import output_dir
+from recipes.bible.options import language_pair
+from recipes.cli import check, output_dir
 
 PAIRS = {"en-fr": ("4", "l"), "en-es": ("4", "v"), "en-it": ("4", "d"), "en-pt": ("4", "a")}
 SPLITS = ("train", "valid", "test")

@@ -19,8 +19,8 @@ import sys
 import time
 
 from fairseq_memattn.cli.arg_types import positive_int
-from recipes.bible.options import check, language_pair, prepared
-from recipes.cli import existing_file, output_dir, output_file
+from recipes.bible.options import language_pair, prepared
+from recipes.cli import check, existing_file, output_dir, output_file
 from recipes.wmt17.data import check_pair
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,8 +18,8 @@ import sys
 
 import sacrebleu
 
-from recipes.bible.options import duplicates, prepared
-from recipes.cli import existing_file
+from recipes.bible.options import prepared
+from recipes.cli import duplicates, existing_file
 
 BANDS = ((1, 20), (21, 40), (41, 60), (61, 10_000))  # source length in BPE tokens, both ends included
 # What the Bible recipes read of recipes.wmt17.run prepare's output besides data-bin: the references

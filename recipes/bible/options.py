@@ -28,17 +28,3 @@ def language_pair(text):
     except DataError as error:
         raise argparse.ArgumentTypeError(str(error))
     return text
-
-
-def duplicates(values):
-    """The values given more than once, in the order first given."""
-    return sorted({v for v in values if values.count(v) > 1}, key=values.index)
-
-
-def check(parser, option, kind, value):
-    """KIND(VALUE), an argparse type whose argument depends on other options (``prepared`` with
-    the files of the chosen pair, say); its refusal as PARSER's error naming OPTION."""
-    try:
-        return kind(value)
-    except argparse.ArgumentTypeError as error:
-        parser.error(f"argument {option}: {error}")

@@ -40,7 +40,7 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 from fairseq_memattn.cli.arg_types import integer_at_least, non_negative_int, positive_number
 from recipes.bible import compare
-from recipes.cli import existing_file, folder_with, output_dir
+from recipes.cli import check, existing_file, folder_with, output_dir
 from recipes.wmt17.run import fairseq_tool, fairseq_train_options
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.25)
@@ -339,10 +339,7 @@ def main(argv=None):
     if args.command == "train" and args.run is None:
         p.error("train needs a run: " + ", ".join(sorted(RUN_MODELS)))
     if args.command == "report":
-        try:
-            folder_with("ref/test.fr", "bpe/test.en", "bpe/test.fr")(args.data)
-        except argparse.ArgumentTypeError as error:
-            p.error(f"argument --data: {error}")
+        check(p, "--data", folder_with("ref/test.fr", "bpe/test.en", "bpe/test.fr"), args.data)
     model = RUN_MODELS[args.run] if args.command == "train" else MEMORY
     try:
         planned = fairseq_train_options([os.path.join(args.data, "data-bin"), "--task", "translation",

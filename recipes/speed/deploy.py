@@ -46,7 +46,7 @@ import numpy as np
 
 from fairseq_memattn.cli import log_to_stderr
 from fairseq_memattn.cli.arg_types import positive_int, positive_number
-from recipes.cli import existing_dir, existing_file, folder_with, output_dir, output_file
+from recipes.cli import check, existing_dir, existing_file, folder_with, output_dir, output_file
 from recipes.speed.options import changed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,11 +128,8 @@ def check_models(p, args):
         return
     if not args.data:
         p.error("--trained needs --data, the folder with its test split and dictionaries")
-    try:
-        folder_with(os.path.join("bpe", f"test.{args.source_lang}"),
-                    os.path.join("data-bin", f"dict.{args.source_lang}.txt"))(args.data)
-    except argparse.ArgumentTypeError as error:
-        p.error(f"argument --data: {error}")
+    check(p, "--data", folder_with(os.path.join("bpe", f"test.{args.source_lang}"),
+                                   os.path.join("data-bin", f"dict.{args.source_lang}.txt")), args.data)
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
