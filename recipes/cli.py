@@ -1,7 +1,7 @@
 """Paths on the recipes' command lines, checked as argparse ``type=`` functions: a path that cannot
 be what its option needs is refused in argparse's one line ("argument --data: DIR: no such folder")
 before any work starts, so that nothing trains, decodes or is deleted first. Numbers:
-fairseq_memattn.cli.arg_types."""
+fairseq_memattn.arg_types."""
 
 import argparse
 import os

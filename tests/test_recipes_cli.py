@@ -1,11 +1,11 @@
-"""recipes/cli.py's path checks and fairseq_memattn.cli.arg_types's numbers: argparse's one line
+"""recipes/cli.py's path checks and fairseq_memattn.arg_types's numbers: argparse's one line
 naming the bad value, before any work."""
 
 import argparse
 
 import pytest
 
-from fairseq_memattn.cli import arg_types
+from fairseq_memattn import arg_types
 from recipes import cli
 
 

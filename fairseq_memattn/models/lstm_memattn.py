@@ -26,7 +26,7 @@ from ..hub import MemAttnHubModel
 from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
 from ..checkpoint_fit import check_lstm_fits
-from ..cli.arg_types import positive_int, probability_below_one
+from ..arg_types import positive_int, probability_below_one
 from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import numpy as np
 from fairseq import utils
 
-from ..cli.arg_types import positive_int
+from ..arg_types import positive_int
 from ..errors import UserError
 from ..modules.memory import ENCODER_NORMALIZATIONS, POSITION_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 

@@ -26,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.bible.options import prepared
 from recipes.cli import output_dir
 from recipes.train_log import plot_curves, read_train_log, run_logged

@@ -39,7 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from fairseq_memattn.cli.arg_types import non_negative_int, positive_int, positive_number
+from fairseq_memattn.arg_types import non_negative_int, positive_int, positive_number
 from recipes.bible import compare, lstm_gap
 from recipes.bible.options import prepared
 from recipes.cli import check, duplicates, existing_file, folder_with, output_dir

@@ -28,7 +28,7 @@ import sys
 import threading
 from argparse import Namespace
 
-from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from fairseq_memattn.arg_types import positive_int, positive_number
 from recipes.bible import compare, converge, lstm_gap
 from recipes.bible.options import prepared
 from recipes.cli import output_dir

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import zipfile
 
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.bible.options import language_pair
 from recipes.cli import check, output_dir
 

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.bible.options import language_pair, prepared
 from recipes.cli import check, existing_file, output_dir, output_file
 from recipes.wmt17.data import check_pair

@@ -38,7 +38,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
-from fairseq_memattn.cli.arg_types import integer_at_least, non_negative_int, positive_number
+from fairseq_memattn.arg_types import integer_at_least, non_negative_int, positive_number
 from recipes.bible import compare
 from recipes.cli import check, existing_file, folder_with, output_dir
 from recipes.wmt17.run import fairseq_tool, fairseq_train_options

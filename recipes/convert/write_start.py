@@ -12,7 +12,7 @@ import argparse
 import os
 import tempfile
 
-from fairseq_memattn.cli.arg_types import integer_at_least
+from fairseq_memattn.arg_types import integer_at_least
 from recipes.cli import existing_file, folder_with, output_dir
 from recipes.convert import run as convert_run
 

@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.cli import output_dir
 from recipes.copy.sweep import (changed_options, plot_curves, read_run, read_train_log, refuse_changed,
                                 report_failed, train_and_score, train_options)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
-from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from fairseq_memattn.arg_types import positive_int, positive_number
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import output_dir
 from recipes.speed.options import changed

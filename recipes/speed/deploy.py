@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 from fairseq_memattn.cli import log_to_stderr
-from fairseq_memattn.cli.arg_types import positive_int, positive_number
+from fairseq_memattn.arg_types import positive_int, positive_number
 from recipes.cli import check, existing_dir, existing_file, folder_with, output_dir, output_file
 from recipes.speed.options import changed
 

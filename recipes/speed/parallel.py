@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.cli import existing_file, folder_with, output_file
 from recipes.speed.options import load_export
 

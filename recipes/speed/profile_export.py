@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from fairseq_memattn.cli.arg_types import positive_int
+from fairseq_memattn.arg_types import positive_int
 from recipes.cli import output_file
 from recipes.speed.options import load_export
 

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from fairseq_memattn.cli.arg_types import non_negative_int, positive_int
+from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import existing_file, output_file
 from recipes.speed.options import load_export

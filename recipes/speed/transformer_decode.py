@@ -42,7 +42,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
-from fairseq_memattn.cli.arg_types import non_negative_int, positive_int
+from fairseq_memattn.arg_types import non_negative_int, positive_int
 from recipes.cli import output_file
 from recipes.speed.benchmark import copy_batches, decoder_for
 

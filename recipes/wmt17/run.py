@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 
 import sacrebleu
 
-from fairseq_memattn.cli.arg_types import non_negative_int
+from fairseq_memattn.arg_types import non_negative_int
 from recipes.cli import output_dir
 from recipes.wmt17 import data as wmt17
 from recipes.wmt17.data import PAIRS, VOCAB_SIZE, DataError, check_pair

@@ -26,7 +26,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import FairseqTask, register_task
 
 from ...errors import UserError
-from ...cli.arg_types import integer_at_least
+from ...arg_types import integer_at_least
 
 SPLITS = ("train", "valid", "test")
 logger = logging.getLogger(__name__)
