@@ -447,6 +447,31 @@ def test_out_must_be_a_new_or_empty_folder_unless_forced(trained, tmp_path):
     assert Translator(str(earlier)).translate_ids([[4, 5, 2]], beam=2)
 
 
+def test_a_refused_export_leaves_an_earlier_one_whole(tmp_path):
+    """--force replaces an earlier export only once the new one is written: a refusal (a checkpoint
+    not found, a bad sentencepiece model, OUT that cannot be written) deletes nothing."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    files = {"encoder.onnx": "graph", "config.json": "{}", "spm.model": "the earlier export's"}
+    for name, text in files.items():
+        (earlier / name).write_text(text)
+    missing = tmp_path / "checkpoint_lst.pt"
+    with pytest.raises(ExportError, match="checkpoint not found"):
+        export(str(missing), str(earlier), force=True)
+    with pytest.raises(ExportError, match=f"invalid --sentencepiece-model: {re.escape(str(tmp_path))} is a folder"):
+        export(str(missing), str(earlier), sentencepiece_model=str(tmp_path), force=True)
+    with pytest.raises(ExportError, match=r"invalid --sentencepiece-model: .*not found"):
+        export(str(missing), str(earlier), sentencepiece_model=str(tmp_path / "none.model"), force=True)
+    with pytest.raises(ExportError, match=r"invalid --sentencepiece-model: .*config.json is not a sentencepiece model"):
+        export(str(missing), str(earlier), sentencepiece_model=str(earlier / "config.json"), force=True)
+    assert {p.name: p.read_text() for p in earlier.iterdir()} == files
+    assert not list(tmp_path.glob(".earlier.*"))  # nor anything staged beside it
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ExportError, match=f"invalid OUT: cannot write {re.escape(str(a_file / 'out'))}"):
+        export(str(missing), str(a_file / "out"))
+
+
 @pytest.mark.slow
 def test_data_is_honoured_from_any_folder(own_pair_transformer, tmp_path):
     """The recipe's checkpoint names its data relative to where it trained; from elsewhere --data

@@ -25,6 +25,14 @@ def test_translator_output_is_scored_against_a_reference_file(tmp_path):
     assert '"accuracy": 50.0, "sentences": 2' in result.stdout
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
+    (tmp_path / "out.txt").write_text("\ufeff" + TRANSLATED, encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("\ufeff1 2 3\n4 4\n", encoding="utf-8")
+    result = score("out.txt", "--reference", "ref.txt", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert '"accuracy": 100.0, "sentences": 2' in result.stdout
+
+
 def test_output_without_references_says_what_it_needs(tmp_path):
     (tmp_path / "out.txt").write_text(TRANSLATED)
     result = score("out.txt", cwd=tmp_path)

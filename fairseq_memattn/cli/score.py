@@ -39,14 +39,14 @@ def main(argv=None, prog=PROG):
     references = None
     if args.reference is not None:
         try:
-            with open(args.reference, encoding="utf-8") as file:
+            with open(args.reference, encoding="utf-8-sig") as file:  # a BOM is not text
                 references = [line.rstrip("\n") for line in file]
         except OSError as error:
             parser.error(f"--reference {args.reference}: {error.strerror}")
         except UnicodeDecodeError as error:
             parser.error(f"--reference {args.reference}: not UTF-8 text ({error.reason})")
     try:
-        stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8")
+        stream = sys.stdin if args.generate_output == "-" else open(args.generate_output, encoding="utf-8-sig")
     except OSError as error:
         parser.error(f"{args.generate_output}: {error.strerror}")
     with stream:

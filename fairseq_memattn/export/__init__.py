@@ -16,6 +16,7 @@ stays float32. Needs onnx (the optional extra ``deploy``: ``pip install ".[deplo
 import json
 import os
 import shutil
+import tempfile
 
 from ..errors import UserError, import_installed
 
@@ -70,8 +71,9 @@ def load_checkpoint(path: str, data: str = None):
 def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
            sentencepiece_model: str = None, force: bool = False, short_source_rows: int = None) -> dict:
     """Write the graphs, config and dictionaries of ``checkpoint`` to ``out``; returns the config.
-    An existing ``out`` must be an empty folder, or ``force`` removes what an export writes there
-    first (so that no file of an earlier export, a sentencepiece model say, is taken for this one's).
+    An existing ``out`` must be an empty folder, or with ``force`` the files of an earlier export
+    there are replaced once this one is complete (all of them: a stale sentencepiece model would be
+    taken for this export's); anything refused or failing leaves ``out`` as it was.
     ``short_source_rows`` (transformer_memattn): sources shorter than this keep |S| memory rows
     (export/transformer.py's ``build``; None: its default, 0: never)."""
     onnx = import_installed("onnx", "the export needs onnx, which is not installed: pip install onnx onnxruntime",
@@ -79,6 +81,20 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     if quantize not in (None, "int8"):
         raise ExportError(f"invalid --quantize: {quantize!r} (choose from int8)")
     check_out(out, force)
+    check_sentencepiece(sentencepiece_model)
+    # Written beside OUT and moved in at the end: a refusal or a failure leaves an earlier export whole.
+    staging = staging_folder(out)
+    try:
+        config = write(staging, checkpoint, data, quantize, sentencepiece_model, short_source_rows, onnx)
+        replace_export(out, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return config
+
+
+def write(folder: str, checkpoint: str, data: str, quantize: str, sentencepiece_model: str,
+          short_source_rows: int, onnx) -> dict:
+    """export's files, written to FOLDER."""
     model, task = load_checkpoint(checkpoint, data)
     from ..models.transformer_memattn import MemAttnTransformerModel
     from . import lstm, transformer
@@ -95,15 +111,14 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
                           "lstm_memattn memory keeps K rows)")
     else:
         graphs, config = family.build(model, quantize)
-    os.makedirs(out, exist_ok=True)
     for part, graph in graphs.items():
-        onnx.save(graph.model(), os.path.join(out, f"{part}.onnx"))
+        onnx.save(graph.model(), os.path.join(folder, f"{part}.onnx"))
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    src_dict.save(os.path.join(out, "dict.source.txt"))
-    tgt_dict.save(os.path.join(out, "dict.target.txt"))
+    src_dict.save(os.path.join(folder, "dict.source.txt"))
+    tgt_dict.save(os.path.join(folder, "dict.target.txt"))
     spm = sentencepiece_model or _data_sentencepiece(task)
     if spm:
-        shutil.copyfile(spm, os.path.join(out, "spm.model"))
+        shutil.copyfile(spm, os.path.join(folder, "spm.model"))
     config.update({
         "format_version": FORMAT_VERSION, "quantize": quantize,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
@@ -111,7 +126,7 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
         "max_source_positions": int(model.max_positions()[0]),
         "max_target_positions": int(model.max_decoder_positions()),
     })
-    with open(os.path.join(out, "config.json"), "w") as f:
+    with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     return config
 
@@ -125,12 +140,43 @@ def export_files(out: str):
 def check_out(out: str, force: bool):
     if os.path.exists(out) and not os.path.isdir(out):
         raise ExportError(f"invalid OUT: {out} is a file (give a folder, new or empty)")
-    if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise ExportError(f"invalid OUT: {out} is not empty (give a new or empty folder, or pass "
-                              "--force to replace an earlier export there)")
-        for name in export_files(out):
-            os.remove(os.path.join(out, name))
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise ExportError(f"invalid OUT: {out} is not empty (give a new or empty folder, or pass "
+                          "--force to replace an earlier export there)")
+
+
+def check_sentencepiece(path: str):
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        raise ExportError(f"invalid --sentencepiece-model: {path} is {'a folder' if os.path.isdir(path) else 'not found'}")
+    import sentencepiece
+
+    try:
+        sentencepiece.SentencePieceProcessor(model_file=path)
+    except (OSError, RuntimeError) as error:
+        raise ExportError(f"invalid --sentencepiece-model: {path} is not a sentencepiece model "
+                          f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__})")
+
+
+def staging_folder(out: str) -> str:
+    """A new folder beside OUT (the same file system, so that its files move in by rename)."""
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
+    except OSError as error:
+        raise ExportError(f"invalid OUT: cannot write {out} ({error.strerror or error})") from None
+
+
+def replace_export(out: str, staging: str):
+    """OUT's files of an earlier export (only those: a stale sentencepiece model would be taken for
+    this export's) replaced by STAGING's."""
+    os.makedirs(out, exist_ok=True)
+    for name in export_files(out):
+        os.remove(os.path.join(out, name))
+    for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(out, name))
 
 
 def _data_sentencepiece(task):
