@@ -363,6 +363,17 @@ def test_translator_reports_bad_folder_and_options(trained, tmp_path):
         translator.translate_ids([[4, 5, 2]], max_tokens=2)
     with pytest.raises(SourceTooLong, match="more than the model's maximum of 1024"):
         translator.translate_ids([[4] * 1024 + [2]])
+    # ids the encoder cannot read as a source: ONNX Runtime would wrap -1 round to the last word
+    last = len(translator.src_dict) - 1
+    for sources, message in (([[4, 2], [4, 5]], r"source 1: it does not end in EOS \(id 2\)"),
+                             ([[]], r"source 0: it does not end in EOS"),
+                             ([[-1, 2]], rf"source 0: token 1 is id -1, outside the source dictionary's 0 to {last}"),
+                             ([[4, last + 1, 2]], rf"source 0: token 2 is id {last + 1}, outside")):
+        with pytest.raises(SourceError, match=message):
+            translator.translate_ids(sources)
+    for name in ("beam", "workers", "batch_size", "max_tokens"):
+        with pytest.raises(ValueError, match=rf"invalid {name}: 0 \(must be >= 1\)"):
+            translator.translate_ids([[4, 2]], **{name: 0})
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.deploy", str(folder), "--nbest", "6"],
                             input="1\n", env=clean_env(), cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 2 and "error: invalid --nbest: 6 (must be <= --beam 5)" in result.stderr

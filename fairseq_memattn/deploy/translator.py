@@ -85,6 +85,15 @@ class Translator:
                      max_tokens: Optional[int] = None) -> None:
         """Raises SourceTooLong or SourceError for a source (token ids ending in EOS) these limits
         cannot translate, or that holds the padding symbol."""
+        symbols, eos = len(self.src_dict), self.config["source_eos"]
+        if len(source) == 0 or source[-1] != eos:
+            raise SourceError(f"it does not end in EOS (id {eos}): end each source with it, as fairseq's "
+                              f"Dictionary.encode_line does")
+        outside = next(((position, token) for position, token in enumerate(source, start=1)
+                        if not 0 <= token < symbols), None)
+        if outside is not None:  # ONNX Runtime's Gather would wrap a negative id round to another word
+            raise SourceError(f"token {outside[0]} is id {outside[1]}, outside the source dictionary's "
+                              f"0 to {symbols - 1}")
         pad = self.config["source_pad"]
         padding = next((position for position, token in enumerate(source, start=1) if token == pad), None)
         if padding is not None:  # the batches' padding is told from the tokens by this id
@@ -240,6 +249,10 @@ class Translator:
         batch's small products keep one core busy better than several), the
         batches cut in halves where there are fewer than workers. A source's
         hypotheses do not depend on the other sources."""
+        for name, value in (("beam", options.get("beam", 1)), ("workers", workers), ("batch_size", batch_size),
+                            ("max_tokens", max_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"invalid {name}: {value} (must be >= 1)")
         limits = {key: options[key] for key in ("max_len_a", "max_len_b", "min_len") if key in options}
         for i, source in enumerate(sources):
             try:
