@@ -342,6 +342,7 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("head_out_of_range", "--head 2 is out of range: layer 1's attention read has heads 0..1"),
     ("layer_of_an_lstm", "--layer/--head choose a read of a transformer_memattn decoder layer"),
     ("zero_dpi", "invalid --dpi: 0 (must be >= 1)"),
+    ("huge_dpi", "invalid --dpi: 100000 (must be <= 1200)"),
     ("zero_beam", "invalid --beam: 0 (must be >= 1)"),
     ("negative_max_len", "invalid --max-len-b: -5 (must be >= --min-len 1)"),
     ("output_folder", "is a folder: give the image's file name in it"),
@@ -359,7 +360,7 @@ def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, cap
             "head_out_of_range": checkpoints["transformer"]}.get(case, checkpoints["memory"])
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
     read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
-            "layer_of_an_lstm": ["--layer", "0"], "zero_dpi": ["--dpi", "0"], "zero_beam": ["--beam", "0"],
+            "layer_of_an_lstm": ["--layer", "0"], "zero_dpi": ["--dpi", "0"], "huge_dpi": ["--dpi", "100000"], "zero_beam": ["--beam", "0"],
             "negative_max_len": ["--max-len-b", "-5"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
         plot_cli.main(plot_args(path, output, "--example-id", example, *read))

@@ -22,6 +22,7 @@ from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choic
 
 logger = logging.getLogger("fairseq_memattn.plot")
 PROG = "fairseq-memattn-plot"
+MAX_DPI = 1200  # print quality; a figure of a few inches stays under a few hundred MB
 
 
 def build_parser(prog=PROG):
@@ -48,7 +49,7 @@ def build_parser(prog=PROG):
     group.add_argument("--head", type=int, metavar="H",
                        help="transformer_memattn with the attention read: the head plotted, 0-based "
                             "(default: the mean over heads, as fairseq's alignments)")
-    group.add_argument("--dpi", type=int, default=150, metavar="N")
+    group.add_argument("--dpi", type=int, default=150, metavar="N", help=f"1 to {MAX_DPI} (default 150)")
     return parser
 
 
@@ -72,6 +73,8 @@ def check_arguments(args, paths: List[str]) -> List[str]:
     for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi), ("--beam", args.beam)):
         if value < 1:
             raise PlotError(f"invalid {name}: {value} (must be >= 1)")
+    if args.dpi > MAX_DPI:  # matplotlib would allocate the whole raster: gigabytes, then a MemoryError or the OOM killer
+        raise PlotError(f"invalid --dpi: {args.dpi} (must be <= {MAX_DPI})")
     if args.max_len_a == 0 and args.max_len_b < args.min_len:
         raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= --min-len {args.min_len})")
     if args.labels is None:
