@@ -11,13 +11,23 @@ fairseq is already imported, which is always so when fairseq loads it through ``
 
 import functools
 import inspect
+import logging
 import weakref
 
 from .errors import UserError, fairseq_command_line, install_hook
 
+logger = logging.getLogger(__name__)
 _done = False
-# S of Eq. 10 of the models fairseq loaded for a task (the smallest), by task
+# S of Eq. 10 of the models built or loaded for a task (the smallest), by task
 _position_limits = weakref.WeakKeyDictionary()
+
+
+def note_position_limit(task, limit: int) -> None:
+    """Keep the S of a model built or loaded for ``task``, for ``guard_source_lengths``."""
+    from fairseq.tasks import FairseqTask
+
+    if isinstance(task, FairseqTask):  # the tasks whose length filter that guards
+        _position_limits[task] = min(limit, _position_limits.get(task, limit))
 
 
 def register() -> None:
@@ -78,9 +88,9 @@ def guard_model_loading() -> None:
             if str(error).startswith("Model file not found: "):  # fairseq's check, before loading
                 raise not_a_file(str(error).split(": ", 1)[1]) from error
             raise
-        limits = [limit for limit in map(position_encoding_limit, models) if limit is not None]
-        if limits and task is not None:
-            _position_limits[task] = min(limits + [_position_limits.get(task, min(limits))])
+        for limit in map(position_encoding_limit, models):
+            if limit is not None:
+                note_position_limit(task, limit)
         return models, cfg, task
 
     guarded.guarded = True
@@ -115,8 +125,9 @@ def source_length(dataset, index) -> int:
 
 def guard_source_lengths() -> None:
     """fairseq refuses a source longer than the models' limit with advice about
-    --skip-invalid-size-inputs-valid-test only; when the limit is the S of Eq. 10 that the
-    position encodings cover, the error names the option that set S."""
+    --skip-invalid-size-inputs-valid-test only, and skips longer training pairs saying only
+    max_positions; when the limit is the S of Eq. 10 that the position encodings cover, the
+    error and the warning name the option that set S."""
     from fairseq.tasks import FairseqTask
 
     from .models.memory_options import source_too_long
@@ -127,10 +138,16 @@ def guard_source_lengths() -> None:
 
     @functools.wraps(filter_by_size)
     def guarded(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        limit = _position_limits.get(self)
+        sizes = getattr(dataset, "src_sizes", None)
+        if ignore_invalid_inputs and limit is not None and sizes is not None:
+            longer = int((sizes[indices] > limit).sum())
+            if longer:
+                logger.warning(f"{longer} of {len(indices)} sources are longer than the S = {limit} that the "
+                               f"position encodings cover (--memory-position-max-len {limit}) and are skipped")
         try:
             return filter_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
         except Exception as error:
-            limit = _position_limits.get(self)
             if limit is None or not str(error).startswith("Size of sample #"):
                 raise
             index = next((i for i in indices if source_length(dataset, i) > limit), None)

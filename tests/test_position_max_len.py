@@ -22,6 +22,7 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--required
 PAIRS = [("1 2 3", "1 2 3"), ("4 5 6 7 8 9 1 2 3", "4 5"), ("", ""), ("6 7", "6 7 8")]
 TOO_LONG = (" ".join(["5"] * 20),) * 2
 LONGEST_KEPT = 10
+SMALL_S = 8  # below two training sources (10 and 21 tokens)
 COPY_MAX_LEN = 6
 
 
@@ -29,9 +30,10 @@ COPY_MAX_LEN = 6
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("position_max_len")
     write_parallel(root / "train", PAIRS + [TOO_LONG])
+    write_parallel(root / "valid", PAIRS[:2])  # a source of 10 tokens
     data = root / "data-bin"
     run_together(("fairseq-preprocess", "-s", "src", "-t", "tgt", "--joined-dictionary",
-                  "--workers", "1", "--trainpref", str(root / "train"), "--destdir", str(data)))
+                  "--workers", "1", "--trainpref", str(root / "train"), "--validpref", str(root / "valid"), "--destdir", str(data)))
     translation = [str(data), "--user-dir", PLUGIN_DIR, "--task", "translation",
                    "--arch", "lstm_memattn", "--memory-position-encoding", *TINY, *TRAIN,
                    "--max-source-positions", "12", "--max-target-positions", "12"]
@@ -41,8 +43,10 @@ def runs(tmp_path_factory):
         ("fairseq-train", *translation, "--save-dir", str(root / "translation")),
         ("fairseq-train", *copy, "--save-dir", str(root / "copy")),
         ("fairseq-train", *translation, "--train-subset", "nosuch", "--save-dir", str(root / "missing")),
+        ("fairseq-train", *[a for a in translation if a != "--disable-validation"], "--memory-position-max-len", str(SMALL_S),
+         "--save-dir", str(root / "small_s")),
         check=False)
-    return dict(zip(["translation", "copy", "missing"], results),
+    return dict(zip(["translation", "copy", "missing", "small_s"], results),
                 checkpoints={name: root / name / "checkpoint_last.pt" for name in ("translation", "copy")})
 
 
@@ -84,3 +88,17 @@ def test_unreadable_training_data_names_the_option(runs):
         r"\(Dataset not found: nosuch \(\S+\)\): pass --memory-position-max-len S with the number of "
         r"tokens of your longest training source, EOS included \(fairseq-preprocess's binarized "
         r"length\), or --no-memory-position-encoding", error), error
+
+
+def test_a_given_s_below_the_data_is_named_where_fairseq_skips_and_refuses(runs):
+    """fairseq-train with --memory-position-max-len below some sources: the training pairs it
+    skips and the validation source it refuses are reported under the option, not only as
+    fairseq's max_positions=(8, ...)."""
+    result = runs["small_s"]
+    assert (f"2 of 5 sources are longer than the S = {SMALL_S} that the position encodings cover "
+            f"(--memory-position-max-len {SMALL_S}) and are skipped") in result.stdout + result.stderr
+    error = final_error(result)
+    assert re.fullmatch(
+        rf"fairseq-train: error: source #\d+ has \d+ tokens \(EOS included\), more than the S = {SMALL_S} that "
+        rf"the model's position encodings cover \(Eq\. 10: --memory-position-max-len {SMALL_S}, .*\): shorten or "
+        r"split it, or skip such sources with --skip-invalid-size-inputs-valid-test", error), error

@@ -10,6 +10,7 @@ from fairseq import utils
 
 from ..arg_types import positive_int
 from ..errors import UserError
+from ..plugin import note_position_limit
 from ..modules.memory import ENCODER_NORMALIZATIONS, POSITION_NORMALIZATIONS, SCORE_FUNCTIONS, MemoryWrite
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ def fill_position_max_len(args, task) -> None:
                        f"encodings are off (add --memory-position-encoding to use them)")
     if args.memory_position_encoding and args.memory_position_max_len is None:
         args.memory_position_max_len = longest_training_source(args, task)
+    if args.memory_position_encoding:  # fairseq's length checks then name the option
+        note_position_limit(task, args.memory_position_max_len)
 
 
 def longest_training_source(args, task) -> int:
