@@ -24,8 +24,10 @@ import os
 import sys
 from typing import Dict, List, Optional
 
+from .checkpoint_fit import transformer_shape_options
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 from .errors import UserError
+from .staging import staging_beside
 # WRITE_PREFIX: the only parameters the source lacks
 from .models.transformer_memattn.model import WRITE_PREFIX, keep_layers, memory_architecture
 
@@ -118,6 +120,19 @@ def setup_task(cfg, path: str):
                            f"pass --data DIR, the folder with its dictionaries")
 
 
+def check_dictionaries(task, cfg, weights: dict, path: str) -> None:
+    """The task's dictionaries (--data's) as large as the checkpoint's embeddings: others would
+    fail later as weights that do not fit the --arch."""
+    sizes = transformer_shape_options(weights)
+    differ = [f"{side} dictionary {len(dictionary)} symbols, the checkpoint's {sizes[side + ' vocabulary size']}"
+              for side, dictionary in (("source", task.source_dictionary), ("target", task.target_dictionary))
+              if sizes[side + " vocabulary size"] not in (None, len(dictionary))]
+    if differ:
+        raise ConvertError(f"the dictionaries in {getattr(cfg.task, 'data', None) or 'the task'} are not those of "
+                           f"{path}: {'; '.join(differ)} (give --data the folder with the dictionaries the "
+                           f"transformer was trained with)")
+
+
 def build_model(task, args: argparse.Namespace, path: str):
     """fairseq's model building, its errors (an unsupported option) as ConvertError."""
     try:
@@ -177,6 +192,18 @@ def start_write_nearest(target, width: float = NEAREST_WIDTH) -> None:
             writer.window_log_width.fill_(math.log(width / writer.num_contexts))
 
 
+def warn_position_limit(args: argparse.Namespace, path: str) -> None:
+    """S of Eq. 10 below the transformer's --max-source-positions: a smaller S is the models' own
+    default (the longest training source), but the converted model then refuses sources the
+    transformer took."""
+    limit = args.memory_position_max_len
+    if args.memory_position_encoding and limit < args.max_source_positions:
+        logger.warning(f"--memory-position-max-len {limit} (S of Eq. 10) is below the --max-source-positions "
+                       f"{args.max_source_positions} of {path}: the converted model refuses sources of more than "
+                       f"{limit} tokens (EOS included), which the transformer took; give a larger "
+                       f"--memory-position-max-len to cover them")
+
+
 def write_start(requested: Optional[str], args: argparse.Namespace) -> str:
     """--write-start, checked; by default nearest with the position window, else model."""
     window = bool(getattr(args, "memory_position_window", False))
@@ -200,6 +227,7 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
     source_args = copy.deepcopy(as_namespace(cfg.model))
     check_memory_read(memory_options)
     task = setup_task(cfg, path)
+    check_dictionaries(task, cfg, state["model"], path)
     source = build_model(task, source_args, path)
     # --*-layers-to-keep pruned as the memory model prunes them (fairseq's pruning, given one side's
     # option, drops the other side's layers), which clears the options
@@ -214,6 +242,7 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
     # From the built source's args: the layers --*-layers-to-keep kept are now all its layers
     args = target_args(source_args, memory_options)
     target = build_model(task, args, path)  # fills in the architecture's defaults
+    warn_position_limit(args, path)
     start = write_start(start, args)
     if not getattr(args, "memory_position_window", False):
         logger.warning("the write starts without --memory-position-window: each C_k starts as a "
@@ -273,13 +302,18 @@ def save_checkpoint(state: dict, path: str) -> None:
 
 def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: Optional[str] = None,
             force: bool = False, start: Optional[str] = None) -> None:
-    """Write the conversion of ``checkpoint`` to ``out``."""
+    """Write the conversion of ``checkpoint`` to ``out``; an ``out`` it cannot write is refused
+    before any work."""
     if os.path.isdir(out):
         raise ConvertError(f"{out} is a folder: give the converted checkpoint's file, e.g. "
                            f"{os.path.join(out, 'converted.pt')}")
     if os.path.exists(out) and not force:
         raise ConvertError(f"{out} exists: pass --force to replace it")
-    save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint, start), out)
+    with staging_beside(out, ConvertError) as staging:
+        staged = os.path.join(staging, "converted.pt")
+        save_checkpoint(convert_state(load_source(checkpoint, data), memory_options, checkpoint, start), staged)
+        os.replace(staged, out)
+
 
 
 if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing

@@ -5,6 +5,7 @@ every refusal one line."""
 
 import copy
 import json
+import logging
 import math
 import os
 import re
@@ -296,6 +297,53 @@ def test_refuses_a_converted_model_and_an_existing_out(toy, tmp_path, capsys):
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("out", ["a_file/out.pt", "a_file/folder/out.pt"])
+def test_refuses_an_out_it_cannot_write_before_reading_the_checkpoint(tmp_path, capsys, monkeypatch, out):
+    """An OUT under a file (as under a folder without write permission, which root could write):
+    one line naming it before any work, not a traceback once the conversion is done."""
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr(convert, "load_source", lambda *args: pytest.fail("the checkpoint was read first"))
+    with pytest.raises(SystemExit) as stopped:
+        convert_cli.main([str(tmp_path / "checkpoint.pt"), str(tmp_path / out), "--memory-k", "4"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fairseq-memattn-convert: error: invalid OUT: cannot write {tmp_path / out} "
+        f"({tmp_path / 'a_file'} is a file, not a folder)")
+    assert os.listdir(tmp_path) == ["a_file"]
+
+
+def test_data_with_other_dictionaries_is_refused_naming_them(toy, tmp_path, capsys):
+    """--data whose dictionaries are not the checkpoint's: said so, not blamed on the --arch."""
+    data = tmp_path / "other"
+    data.mkdir()
+    data_bin = toy["data"] / "data-bin"
+    (data / "dict.en.txt").write_text((data_bin / "dict.en.txt").read_text() + "extra1 1\nextra2 1\n")
+    shutil.copyfile(data_bin / "dict.fr.txt", data / "dict.fr.txt")
+    rows = checkpoint_utils.load_checkpoint_to_cpu(str(toy["transformer"]))["model"]["encoder.embed_tokens.weight"].size(0)
+    with pytest.raises(SystemExit) as stopped:
+        convert_cli.main([str(toy["transformer"]), str(tmp_path / "out.pt"), "--memory-k", str(K), "--data", str(data)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fairseq-memattn-convert: error: the dictionaries in {data} are not those of {toy['transformer']}: "
+        f"source dictionary {rows + 2} symbols, the checkpoint's {rows} (give --data the folder with the "
+        f"dictionaries the transformer was trained with)")
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_warns_that_an_S_below_max_source_positions_refuses_longer_sources(toy, tmp_path, caplog):
+    """S of Eq. 10 (--memory-position-max-len) is the longest source the converted model takes:
+    below the transformer's --max-source-positions (1024) it refuses sources the transformer took."""
+    options = ["--memory-k", str(K), "--memory-position-encoding", "--memory-position-max-len"]
+    with caplog.at_level(logging.WARNING, logger=convert.__name__):
+        for limit in (9, 1024):
+            convert_cli.main([str(toy["transformer"]), str(tmp_path / f"s{limit}.pt"), *options, str(limit)])
+    assert [record.getMessage() for record in caplog.records if "--max-source-positions" in record.getMessage()] == [
+        f"--memory-position-max-len 9 (S of Eq. 10) is below the --max-source-positions 1024 of {toy['transformer']}: "
+        "the converted model refuses sources of more than 9 tokens (EOS included), which the transformer took; "
+        "give a larger --memory-position-max-len to cover them"]
+    assert load(tmp_path / "s9.pt")[0].max_positions()[0] == 9
+
+
 @pytest.mark.slow
 def test_console_command_and_force(toy, tmp_path):
     out = tmp_path / "out.pt"
@@ -518,7 +566,7 @@ def test_recipe_refuses_a_work_converted_from_another_source_or_with_other_optio
                               "--memory-k", str(K)) == (
             f"--work {work} holds a converted.pt made from another checkpoint than --source {other}: {remove}")
     assert recipe_refusal(convert_run.main, capsys, "convert", *common, "--source", str(toy["transformer"])) == (
-        f"--work {work} holds a converted.pt made with memory_k {K} (now 64): {remove}")
+        f"--work {work} holds a converted.pt made with --memory-k {K} (now 64): {remove}")
 
 
 def test_write_start_refuses_in_one_line_before_measuring(toy, tmp_path, capsys):

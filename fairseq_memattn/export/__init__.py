@@ -16,9 +16,9 @@ stays float32. Needs onnx (the optional extra ``deploy``: ``pip install ".[deplo
 import json
 import os
 import shutil
-import tempfile
 
 from ..errors import UserError, import_installed
+from ..staging import staging_beside
 
 FORMAT_VERSION = 4
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
@@ -83,12 +83,9 @@ def export(checkpoint: str, out: str, data: str = None, quantize: str = None,
     check_out(out, force)
     check_sentencepiece(sentencepiece_model)
     # Written beside OUT and moved in at the end: a refusal or a failure leaves an earlier export whole.
-    staging = staging_folder(out)
-    try:
+    with staging_beside(out, ExportError) as staging:
         config = write(staging, checkpoint, data, quantize, sentencepiece_model, short_source_rows, onnx)
         replace_export(out, staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return config
 
 
@@ -157,16 +154,6 @@ def check_sentencepiece(path: str):
     except (OSError, RuntimeError) as error:
         raise ExportError(f"invalid --sentencepiece-model: {path} is not a sentencepiece model "
                           f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__})")
-
-
-def staging_folder(out: str) -> str:
-    """A new folder beside OUT (the same file system, so that its files move in by rename)."""
-    parent = os.path.dirname(os.path.abspath(out))
-    try:
-        os.makedirs(parent, exist_ok=True)
-        return tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
-    except OSError as error:
-        raise ExportError(f"invalid OUT: cannot write {out} ({error.strerror or error})") from None
 
 
 def replace_export(out: str, staging: str):
