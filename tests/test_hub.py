@@ -15,7 +15,7 @@ from conftest import BIN, PLUGIN_DIR, REPO, clean_env
 from fairseq.hub_utils import GeneratorHubInterface
 
 from test_transformer_memattn import alignment_by_loops
-from wmt17_toy import TRANSFORMER_CONFIG
+from wmt17_toy import CONFIG, TRANSFORMER_CONFIG
 
 from fairseq_memattn.hub import MemAttnHubInterface
 from fairseq_memattn.models.lstm_memattn import MemAttnLSTMModel
@@ -236,3 +236,16 @@ def test_from_pretrained_names_a_data_folder_it_cannot_use(recipe_dir, tmp_path)
             MemAttnLSTMModel.from_pretrained(folder, checkpoint_file="checkpoint_best.pt", data_name_or_path=str(data),
                                              **options)
         assert str(error.value) == expected
+
+
+def test_a_keyword_argument_that_does_not_fit_the_checkpoint_is_named_as_given(recipe_dir, own_pair_transformer):
+    """from_pretrained(..., memory_k=4) for a K = 8 checkpoint: the error names the keyword argument,
+    not --model-overrides, fairseq's command-line name for what the hub passes on."""
+    for model_class, config in ((MemAttnLSTMModel, CONFIG), (MemAttnTransformerModel, TRANSFORMER_CONFIG)):
+        folder = os.path.join(own_pair_transformer["root"], "checkpoints", "wmt17", "en-fr", config)
+        with pytest.raises(ValueError) as error:
+            model_class.from_pretrained(folder, checkpoint_file="checkpoint_best.pt", memory_k=4,
+                                        data_name_or_path=os.path.join(recipe_dir, "data", "wmt17", "en-fr", "data-bin"))
+        assert str(error.value) == (
+            f"{os.path.join(folder, 'checkpoint_best.pt')} does not fit the model: checkpoint has memory_k=8 but "
+            "from_pretrained was given memory_k=4; remove memory_k=4 from from_pretrained's keyword arguments")
