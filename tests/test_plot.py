@@ -345,6 +345,13 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("huge_dpi", "invalid --dpi: 100000 (must be <= 1200)"),
     ("zero_beam", "invalid --beam: 0 (must be >= 1)"),
     ("negative_max_len", "invalid --max-len-b: -5 (must be >= --min-len 1)"),
+    ("negative_max_len_a", "invalid --max-len-a: -1 (must be a finite number >= 0)"),
+    ("nan_max_len_a", "invalid --max-len-a: nan (must be a finite number >= 0)"),
+    ("negative_max_len_b", "invalid --max-len-b: -5 (must be >= 0)"),
+    ("negative_min_len", "invalid --min-len: -2 (must be >= 0)"),
+    # 0.1 x the source's at most 7 tokens rounds down to 0: fairseq asserted min_len <= max_len
+    ("max_len_below_min_len", "--min-len 1 is more than the 0 tokens --max-len-a 0.1 and --max-len-b 0 "
+                              "allow for this source of "),
     ("output_folder", "is a folder: give the image's file name in it"),
     ("output_unwritable", "cannot write --output '/dev/null/figure.png': File exists"),
 ])
@@ -361,7 +368,10 @@ def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, cap
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
     read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
             "layer_of_an_lstm": ["--layer", "0"], "zero_dpi": ["--dpi", "0"], "huge_dpi": ["--dpi", "100000"], "zero_beam": ["--beam", "0"],
-            "negative_max_len": ["--max-len-b", "-5"]}.get(case, [])
+            "negative_max_len": ["--max-len-b", "-5"], "negative_max_len_a": ["--max-len-a", "-1"],
+            "nan_max_len_a": ["--max-len-a", "nan"], "negative_max_len_b": ["--max-len-a", "1", "--max-len-b", "-5"],
+            "negative_min_len": ["--min-len", "-2"],
+            "max_len_below_min_len": ["--max-len-a", "0.1", "--max-len-b", "0"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
         plot_cli.main(plot_args(path, output, "--example-id", example, *read))
     assert exit_info.value.code == 2
@@ -414,16 +424,22 @@ def test_other_task_options_warn_by_their_names(caplog):
     assert plot_warnings(caplog) == ["--copy-test-size is 30 here but was 20 when model.pt was trained"]
 
 
+def translation_data(data, symbols=tuple(str(s) for s in range(8))):
+    """A translation task's data folder src-tgt with these symbols (the copy task's by default)
+    and no split yet; returns the task options."""
+    data.mkdir()
+    for side in ("src", "tgt"):
+        (data / f"dict.{side}.txt").write_text("".join(f"{s} 1\n" for s in symbols))
+    return ["--task", "translation", str(data), "--source-lang", "src", "--target-lang", "tgt"]
+
+
 def test_other_dictionaries_are_an_error_naming_both(tmp_path, caplog):
     """The copy task's data written out and binarized has the same symbols in another order
     (fairseq-preprocess sorts them by count), so the model would load and plot other tokens."""
     data = tmp_path / "data-bin"
-    data.mkdir()
-    symbols = [str(s) for s in range(8)][::-1]
-    for side in ("src", "tgt"):
-        (data / f"dict.{side}.txt").write_text("".join(f"{s} 1\n" for s in symbols))
+    translation = translation_data(data, [str(s) for s in range(8)][::-1])
     trained, _ = task_of(*TASK)
-    cfg, task = task_of("--task", "translation", str(data), "--source-lang", "src", "--target-lang", "tgt")
+    cfg, task = task_of(*translation)
     assert len(task.source_dictionary) == 12  # 8 symbols and fairseq's 4 specials, as the copy task's
     with pytest.raises(plot.PlotError) as error, caplog.at_level("WARNING", logger="fairseq_memattn.plot"):
         plot.check_task(cfg, task, trained, "model.pt")
@@ -434,6 +450,40 @@ def test_other_dictionaries_are_an_error_naming_both(tmp_path, caplog):
     assert "--task is 'translation' here but was 'copy_task' when model.pt was trained" in plot_warnings(caplog)
     assert not any("---" in message for message in plot_warnings(caplog))
     plot.check_task(trained, task_of(*TASK)[1], trained, "model.pt")  # the same dictionaries: no error
+
+
+def test_options_of_the_training_run_alone_do_not_warn(tmp_path, caplog):
+    """Length limits and validation options the model was trained with (as the Bible recipes'
+    --max-source-positions 256) change nothing the plot shows: no warning about the defaults the
+    plot's own command line left them at. With --truncate-source the limit cuts the source."""
+    translation = translation_data(tmp_path / "data-bin")
+    trained, _ = task_of(*translation, "--max-source-positions", "256", "--max-target-positions", "256",
+                         "--eval-bleu", "--eval-bleu-print-samples", "--train-subset", "bible")
+    cfg, task = task_of(*translation)
+    with caplog.at_level("WARNING", logger="fairseq_memattn.plot"):
+        plot.check_task(cfg, task, trained, "model.pt")
+        assert plot_warnings(caplog) == []
+        truncated, _ = task_of(*translation, "--truncate-source", "--max-source-positions", "256")
+        cfg, task = task_of(*translation, "--truncate-source")
+        plot.check_task(cfg, task, truncated, "model.pt")
+    assert plot_warnings(caplog) == ["--max-source-positions is 1024 here but was 256 when model.pt was trained"]
+
+
+def test_a_missing_split_is_named_with_its_folder_and_the_splits_there(tmp_path, capsys):
+    """fairseq's "Dataset not found: nope (FOLDER)" is an OSError without a file name."""
+    data = tmp_path / "data-bin"
+    translation = translation_data(data)
+    for name in ("train.src-tgt.src", "valid.tgt-src.src", "test.de-en.de"):  # test: another pair's
+        for extension in ("idx", "bin"):
+            (data / f"{name}.{extension}").touch()
+    model = tmp_path / "model.pt"
+    model.touch()  # not read: the split is looked up first
+    with pytest.raises(SystemExit) as exit_info:
+        plot_cli.main(["--user-dir", PLUGIN_DIR, *translation, "--path", str(model), "--gen-subset", "nope",
+                       "--example-id", "0", "-o", str(tmp_path / "figure.png")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"{plot_cli.PROG}: error: --gen-subset 'nope': no such split in {data} (splits there: train, valid)")
 
 
 @pytest.mark.slow

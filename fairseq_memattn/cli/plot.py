@@ -6,6 +6,7 @@
 """
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -75,8 +76,7 @@ def check_arguments(args, paths: List[str]) -> List[str]:
             raise PlotError(f"invalid {name}: {value} (must be >= 1)")
     if args.dpi > MAX_DPI:  # matplotlib would allocate the whole raster: gigabytes, then a MemoryError or the OOM killer
         raise PlotError(f"invalid --dpi: {args.dpi} (must be <= {MAX_DPI})")
-    if args.max_len_a == 0 and args.max_len_b < args.min_len:
-        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= --min-len {args.min_len})")
+    check_generation_lengths(args)
     if args.labels is None:
         return [None] * len(paths)
     labels = args.labels.split(",")
@@ -84,6 +84,42 @@ def check_arguments(args, paths: List[str]) -> List[str]:
         raise PlotError(f"--labels gives {len(labels)} labels for {len(paths)} checkpoints "
                         f"in --path")
     return labels
+
+
+def check_generation_lengths(args) -> None:
+    """fairseq's options of the output length (max length a*x + b for a source of x tokens):
+    fairseq takes any number, then fails in the beam search with an assertion or a conversion
+    error. What depends on the source is checked once it is known (``plot.decode``)."""
+    if not (math.isfinite(args.max_len_a) and args.max_len_a >= 0):
+        raise PlotError(f"invalid --max-len-a: {args.max_len_a:g} (must be a finite number >= 0)")
+    if args.min_len < 0:
+        raise PlotError(f"invalid --min-len: {args.min_len} (must be >= 0)")
+    if args.max_len_a == 0 and args.max_len_b < args.min_len and not args.match_source_len:  # which ignores b
+        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= --min-len {args.min_len})")
+    if args.max_len_b < 0:
+        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= 0)")
+
+
+def binarized_splits(folder: str, task_cfg) -> List[str]:
+    """The splits fairseq-preprocess wrote into ``folder``, of the task's language pair where it
+    has one."""
+    source, target = getattr(task_cfg, "source_lang", None), getattr(task_cfg, "target_lang", None)
+    pairs = {f"{source}-{target}", f"{target}-{source}"} if source and target else None
+    names = [name.split(".") for name in os.listdir(folder) if name.endswith(".idx")]
+    return sorted({parts[0] for parts in names if pairs is None or (len(parts) > 2 and parts[1] in pairs)})
+
+
+def split_not_found(task_cfg, subset: str, error: FileNotFoundError) -> PlotError:
+    """--gen-subset naming no split of the data folder, where fairseq says "Dataset not found:
+    SPLIT (FOLDER)", an OSError without a file name."""
+    from fairseq import utils
+
+    folder = utils.split_paths(task_cfg.data)[0] if getattr(task_cfg, "data", None) else None
+    splits = binarized_splits(folder, task_cfg) if folder else [subset]
+    if subset in splits:  # there but unreadable, or a task without a data folder: the task's words
+        return PlotError(f"--gen-subset {subset!r}: {error}")
+    there = f"splits there: {', '.join(splits)}" if splits else "no binarized split there"
+    return PlotError(f"--gen-subset {subset!r}: no such split in {folder} ({there})")
 
 
 def load_sample(cfg, args, task):
@@ -99,7 +135,12 @@ def load_sample(cfg, args, task):
         dataset, index = task.build_dataset_for_inference([tokens], [tokens.numel()]), 0
     else:
         subset = cfg.dataset.gen_subset
-        task.load_dataset(subset)
+        try:
+            task.load_dataset(subset)
+        except FileNotFoundError as error:
+            if error.filename is not None:  # a file of the split: the general report names it
+                raise
+            raise split_not_found(cfg.task, subset, error) from None
         dataset, index = task.dataset(subset), args.example_id
         if not 0 <= index < len(dataset):
             raise PlotError(f"--example-id {index} is out of range for --gen-subset {subset!r}, "
@@ -167,7 +208,8 @@ def main(argv=None, prog=PROG):
             except OSError as error:
                 raise PlotError(f"cannot write --output {args.output!r}: {error.strerror or error}") from None
     except OSError as error:  # a data directory or file of the task's options that is not there
-        print(f"{prog}: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"{prog}: error: {where}{error.strerror or error}", file=sys.stderr)
         sys.exit(2)
     except PlotError as error:
         # argparse's format, without the usage: fairseq's parser has hundreds of options.

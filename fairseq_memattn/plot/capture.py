@@ -103,6 +103,18 @@ def task_name(task_cfg) -> str:
     return f"--task {task_cfg._name}" + (f" {data}" if data else "")
 
 
+# Task options of the training run alone: the length limits of its batches (the plot filters
+# nothing by length), its split and its validation (eval_*); other values plot the same.
+TRAINING_ONLY = ("max_source_positions", "max_target_positions", "train_subset")
+
+
+def changes_the_plot(key: str, task_cfg) -> bool:
+    """Whether task option ``key`` can change the examples or tokens plotted."""
+    if key == "max_source_positions" and task_cfg.get("truncate_source"):
+        return True  # fairseq's translation cuts the source to it
+    return key != "data" and key not in TRAINING_ONLY and not key.startswith("eval_")
+
+
 def check_task(task_cfg, task, saved_task_cfg, path: str) -> None:
     """The task the plot runs against the one ``path`` was trained with: other options (e.g.
     --copy-test-size) make other examples, a warning; other dictionaries make other tokens of
@@ -112,7 +124,7 @@ def check_task(task_cfg, task, saved_task_cfg, path: str) -> None:
     if saved_task_cfg is None:
         return
     for key in task_cfg:
-        if key in saved_task_cfg and key != "data" and task_cfg[key] != saved_task_cfg[key]:
+        if key in saved_task_cfg and changes_the_plot(key, task_cfg) and task_cfg[key] != saved_task_cfg[key]:
             option = "--task" if key == "_name" else "--" + key.replace("_", "-")
             logger.warning(f"{option} is {task_cfg[key]!r} here but was {saved_task_cfg[key]!r} "
                            f"when {path} was trained")
@@ -202,10 +214,31 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     return alphas, chosen.float(), memory_index, name
 
 
+def check_length_range(generator, source_length: int) -> None:
+    """The longest output fairseq's beam search allows for this source must not be shorter than
+    --min-len (it asserts so); which options set it. Other generators are left alone."""
+    if not hasattr(generator, "min_len"):
+        return
+    if generator.match_source_len:
+        longest, limit, fix = source_length, "--match-source-len allows", ""
+    else:
+        by_options = int(generator.max_len_a * source_length + generator.max_len_b)
+        longest = min(by_options, generator.max_len - 1)
+        if by_options <= longest:
+            limit, fix = (f"--max-len-a {generator.max_len_a:g} and --max-len-b {generator.max_len_b} allow",
+                          " or raise --max-len-a/--max-len-b")
+        else:
+            limit, fix = f"the model's {generator.max_len} target positions allow", ""
+    if generator.min_len > longest:
+        raise PlotError(f"--min-len {generator.min_len} is more than the {longest} tokens {limit} for "
+                        f"this source of {source_length} tokens (EOS included): lower --min-len{fix}")
+
+
 def decode(model, task, generation_cfg, sample, label: str,
            choice: Optional[ReadChoice] = None) -> Alignment:
     """Beam search as fairseq-generate runs it; the best hypothesis and its alignment."""
     generator = task.build_generator([model], generation_cfg)
+    check_length_range(generator, sample["net_input"]["src_tokens"].size(1))
     hypo = task.inference_step(generator, [model], sample)[0][0]
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_tokens = sample["net_input"]["src_tokens"][0]
