@@ -106,6 +106,8 @@ def test_server_answers_concurrent_clients_as_the_translator_does(server, traine
 def test_server_refuses_bad_requests_and_keeps_serving(server):
     url, _, _ = server(max_tokens=16, max_sentences=4, max_beam=8)
     bad = [({"text": "3 1"}, 400, 'text: expected a list of strings, got "3 1"'),
+           ({}, 400, "text: missing; expected a list of strings"),
+           ({"text": None}, 400, "text: expected a list of strings, got null"),
            ({"text": ["3 1", 5]}, 400, "text[1]: expected a string, got 5"),
            ({"text": ["3 1"], "beam": 0}, 400, "beam: 0 is outside 1..8"),
            ({"text": ["3 1"], "beam": 9}, 400, "beam: 9 is outside 1..8"),

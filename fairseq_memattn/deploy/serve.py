@@ -20,6 +20,8 @@ from .exceptions import SourceError, SourceTooLong
 API = """\
     POST /translate  {"text": ["sentence", ...], "beam": 5, "nbest": 1, "alignment": false}
                      -> {"results": [[{"text", "pieces", "score", "positional_scores"[, "alignment"]}, ...], ...]}
+                     scores in natural log (fairseq-generate prints base 2), "score" normalised by
+                     length as fairseq's is
     GET  /health     -> {"status": "ok"}
     GET  /info       -> the model's config.json and the server's limits
 
@@ -157,7 +159,9 @@ class Server:
         unknown = sorted(set(body) - REQUEST_FIELDS)
         if unknown:
             raise RequestError(400, f"unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(REQUEST_FIELDS))})")
-        text = body.get("text")
+        if "text" not in body:
+            raise RequestError(400, "text: missing; expected a list of strings")
+        text = body["text"]
         if not isinstance(text, list):
             raise RequestError(400, f"text: expected a list of strings, got {shown(text)}")
         for i, line in enumerate(text):
