@@ -1,7 +1,8 @@
 """Paths on the recipes' command lines, checked as argparse ``type=`` functions: a path that cannot
 be what its option needs is refused in argparse's one line ("argument --data: DIR: no such folder")
 before any work starts, so that nothing trains, decodes or is deleted first. Numbers:
-fairseq_memattn.arg_types."""
+fairseq_memattn.arg_types. And the one form of a refusal to reuse results made with other
+settings: ``changed``'s "--beam 30 (now 4)"."""
 
 import argparse
 import os
@@ -73,3 +74,19 @@ def check(parser, option, kind, value):
         return kind(value)
     except argparse.ArgumentTypeError as error:
         parser.error(f"argument {option}: {error}")
+
+
+def option_value(value) -> str:
+    """VALUE as a command line gives it: a list's items space-separated, anything else as str()."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def changed(recorded: dict, current: dict, most=None) -> str:
+    """The settings CURRENT changes from RECORDED (results made with them are not to be reused), as
+    options in CURRENT's order, ", "-joined: "--beam 30 (now 4), --memory-k 4 (now 8)"; the first
+    MOST of them and how many more where given; "" when none. Values are compared with ==, and a setting only one side
+    has is not compared: each caller chooses what to compare by the dicts it gives."""
+    differs = [f"--{name.replace('_', '-')} {option_value(recorded[name])} (now {option_value(value)})"
+               for name, value in current.items() if name in recorded and recorded[name] != value]
+    more = [f"{len(differs) - most} more"] if most is not None and len(differs) > most else []
+    return ", ".join(differs[:most] + more)

@@ -503,10 +503,10 @@ def test_transformer_quality_refuses_what_fairseq_train_would_and_runs_of_other_
     logged_run(run, "--copy-max-len 4", sweep.train_options(
         [*transformer_quality.MODELS["K=32 mix"], "--memory-k", "8", *transformer_quality.training()], 1, 6))
     same = ["--memory-args", "--memory-k 8", "--updates", "6"]
-    assert "(L4_K32_mix: max_update 6 (now 9))" in refused(*same, "--updates", "9")
-    assert "(L4_K32_mix: seed 1 (now 2))" in refused(*same, "--seed", "2")
+    assert "(L4_K32_mix: --max-update 6 (now 9))" in refused(*same, "--updates", "9")
+    assert "(L4_K32_mix: --seed 1 (now 2))" in refused(*same, "--seed", "2")
     assert refused("--updates", "6") == (f"--out {out} holds runs trained with other settings (L4_K32_mix: "
-                                         "memory_k 8 (now 32)): give another --out, or remove those runs' folders")
+                                         "--memory-k 8 (now 32)): give another --out, or remove those runs' folders")
     assert transformer_quality.main([*grid, *same]) == 1 and trained == [str(run)]  # the same settings: resumed
 
 
@@ -542,5 +542,5 @@ def test_sweep_fails_when_a_run_fails_and_refuses_what_it_cannot_tabulate(tmp_pa
     error = refusal(sweep.main, capsys, "--preset", "cpu", "--lengths", "6", "--models", "No Att", "--seeds", "1",
                     "--out", str(tmp_path / "tiny"), "--tables-only")
     assert error.startswith(f"--out {tmp_path / 'tiny'} holds runs trained with other settings ({run.name}: ")
-    assert "batch_size_valid 16 (now 64)" in error
+    assert "--batch-size-valid 16 (now 64)" in error
     assert error.endswith("give another --out, or remove those runs' folders")

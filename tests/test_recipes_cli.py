@@ -47,3 +47,15 @@ def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(
 ])
 def test_numbers_out_of_range_are_refused_with_what_is_allowed(kind, text, message):
     assert refusal(kind, text) == message
+
+
+def test_changed_names_each_setting_that_differs_as_an_option_with_its_value_now():
+    """The one form of every recipe's refusal to reuse results made with other settings."""
+    recorded = {"beam": 30, "memory_k": 4, "trained": ["a.pt", "b.pt"], "only_recorded": 1}
+    assert cli.changed(recorded, {"beam": 4, "memory_k": 4, "trained": ["a.pt"], "only_now": 2}) == (
+        "--beam 30 (now 4), --trained a.pt b.pt (now a.pt)")
+    assert cli.changed(recorded, {"beam": 4, "memory_k": 8}, most=1) == "--beam 30 (now 4), 1 more"
+    # a setting only one side has is not compared; nothing changed reads ""
+    assert cli.changed({"beam": 30}, {"beam": 30, "threads": 1}) == ""
+    assert cli.changed({"beam": 30, "threads": 1}, {"beam": 30}) == ""
+    assert cli.changed({}, {}) == ""

@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 PLUGIN = os.path.join(REPO, "fairseq_memattn")
 from fairseq_memattn.arg_types import integer_at_least, non_negative_int, positive_number
+from recipes import cli
 from recipes.bible import compare
 from recipes.cli import check, existing_file, folder_with, output_dir
 from recipes.wmt17.run import fairseq_tool, fairseq_train_options
@@ -98,10 +99,10 @@ def conversion_changed(args, planned):
     kept = [key for key in source if key in converted["model"] and source[key].shape == converted["model"][key].shape]
     if not kept or not all(torch.equal(source[key], converted["model"][key]) for key in kept):
         return f"made from another checkpoint than --source {args.source}"
-    made = vars(as_namespace(converted["cfg"]["model"]))
-    changed = [f"{key} {made[key]!r} (now {value!r})" for key, value in vars(planned).items()
-               if MEMORY_OPTION.fullmatch("--" + key.replace("_", "-")) and key in made and made[key] != value]
-    return f"made with {', '.join(changed)}" if changed else None
+    made = {key: value for key, value in vars(as_namespace(converted["cfg"]["model"])).items()
+            if MEMORY_OPTION.fullmatch("--" + key.replace("_", "-"))}
+    differs = cli.changed(made, vars(planned))
+    return f"made with {differs}" if differs else None
 
 
 def convert(args):

@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from fairseq_memattn.score import accuracy_by_length, read_generate_output
+from recipes import cli
 from recipes.cli import output_dir
 from recipes.train_log import plot_curves, read_train_log
 from recipes.wmt17.run import fairseq_train_options
@@ -267,24 +268,25 @@ PLACE_OPTIONS = re.compile(r"save_dir|user_dir|no_epoch_checkpoints|distributed_
 
 def changed_options(run_dir, copy_args, options, ignore=()):
     """What RUN_DIR/train.log's fairseq-train was given other than the copy task's COPY_ARGS and
-    OPTIONS (train_options') give now, e.g. ["max_update 2000 (now 9999)"]; [] where nothing
-    differs or nothing was logged. An option the log does not mention (added to fairseq_memattn
-    since) counts as the same. ValueError: options fairseq-train refuses."""
+    OPTIONS (train_options') give now, as recipes.cli.changed's "--max-update 2000 (now 9999)", the
+    first 3 of them; "" where nothing differs or nothing was logged. An option the log does not
+    mention (added to fairseq_memattn since) counts as the same. ValueError: options fairseq-train
+    refuses."""
     planned = vars(fairseq_train_options(["--task", "copy_task", *copy_args.split(), *options]))
     log = os.path.join(run_dir, "train.log")
     logged = logged_options(log) if os.path.exists(log) else {}
-    return [f"{key} {logged[key]!r} (now {value!r})" for key, value in planned.items()
-            if key in logged and logged[key] != value and not PLACE_OPTIONS.fullmatch(key) and key not in ignore]
+    compared = {key: value for key, value in logged.items() if not PLACE_OPTIONS.fullmatch(key) and key not in ignore}
+    return cli.changed(compared, planned, most=3)
 
 
 def refuse_changed(parser, out, changed):
     """parser.error where runs under OUT were trained with other options: CHANGED, {run folder:
     changed_options'} (a table must not show them under this command)."""
-    changed = {name: entries for name, entries in changed.items() if entries}
+    changed = {name: settings for name, settings in changed.items() if settings}
     if changed:
-        name, entries = next(iter(changed.items()))
+        name, settings = next(iter(changed.items()))
         more = f"; and {len(changed) - 1} more runs" if len(changed) > 1 else ""
-        parser.error(f"--out {out} holds runs trained with other settings ({name}: {', '.join(entries[:3])}"
+        parser.error(f"--out {out} holds runs trained with other settings ({name}: {settings}"
                      f"{more}): give another --out, or remove those runs' folders")
 
 

@@ -3,6 +3,8 @@ any timing, and the settings measurements were made with, compared on reuse."""
 
 import argparse
 
+from recipes import cli
+
 
 def load_export(p: argparse.ArgumentParser, folder: str, threads=None):
     """(Translator, TextCodec) of a folder written by fairseq-memattn-export; a missing or broken
@@ -13,10 +15,9 @@ def load_export(p: argparse.ArgumentParser, folder: str, threads=None):
 
 
 def changed(recorded: dict, current: dict) -> str:
-    """The settings this run changes, as options ("--beam 30 (now 4)"); "" when none. A setting
-    only one side has is not compared."""
-    def shown(value):  # as text: a CSV holds its numbers as text
-        return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+    """recipes.cli.changed's "--beam 30 (now 4)" of the settings compared as text (a CSV holds its
+    numbers as text); "" when none differs."""
+    def as_text(settings):
+        return {name: cli.option_value(value) for name, value in settings.items()}
 
-    return ", ".join(f"--{name.replace('_', '-')} {shown(recorded[name])} (now {shown(value)})"
-                     for name, value in current.items() if name in recorded and shown(recorded[name]) != shown(value))
+    return cli.changed(as_text(recorded), as_text(current))
