@@ -97,6 +97,35 @@ def lstm_shape_options(state) -> Dict[str, object]:
     }
 
 
+# A parameter only each family's checkpoints have, by family.
+FAMILY_MARKERS = (("transformer_memattn", "encoder.writers.0.W_alpha.weight"),
+                  ("fairseq's transformer", "encoder.layers.0.self_attn.k_proj.weight"),
+                  ("lstm_memattn", "decoder.lstm.weight_hh_l0"),
+                  ("fairseq's lstm", "decoder.layers.0.weight_hh"))
+
+
+def family(state):
+    """Which kind of model a state dict is of (FAMILY_MARKERS), or None."""
+    return next((name for name, marker in FAMILY_MARKERS if marker in state), None)
+
+
+def check_family(checkpoint_state, model_state) -> None:
+    """A checkpoint of another kind of model than the one built for it: said as such, before its
+    parameters are compared option by option (a transformer's have no LSTM layers, not 0)."""
+    saved, built = family(checkpoint_state), family(model_state)
+    if saved is None or saved == built:
+        return
+    context, path, _, _ = _loading.get()
+    if saved == "fairseq's transformer" and built == "transformer_memattn":
+        fix = ("convert it first (fairseq-memattn-convert CHECKPOINT OUT --memory-k K), then train from OUT "
+               "(--finetune-from-model OUT)")
+    else:
+        fix = "give the --arch it was trained with"
+    if context == "train":
+        fix += "; to train a new model use another --save-dir"
+    raise UserError(f"{path or 'the checkpoint'} is a checkpoint of {saved}, not of {built}: {fix}")
+
+
 def _lstm_layers(state, lstm: str) -> int:
     return sum(bool(re.fullmatch(rf"{lstm}\.weight_hh_l\d+", name)) for name in state)
 
@@ -121,14 +150,17 @@ def transformer_shape_options(state) -> Dict[str, object]:
         "decoder_embed_dim": _dim(state, "decoder.embed_tokens.weight", 1),
         "encoder_layers": _count(state, "encoder.layers"),
         "decoder_layers": _count(state, "decoder.layers"),
+        "encoder_ffn_embed_dim": _dim(state, "encoder.layers.0.fc1.weight", 0),
+        "decoder_ffn_embed_dim": _dim(state, "decoder.layers.0.fc1.weight", 0),
+        "layernorm_embedding": "encoder.layernorm_embedding.weight" in state,
         "source vocabulary size": _dim(state, "encoder.embed_tokens.weight", 0),
         "target vocabulary size": _dim(state, "decoder.embed_tokens.weight", 0),
     }
 
 
 # the options of transformer_shape_options that change a parameter's shape (the others add or remove parameters)
-RESHAPING_OPTIONS = ("memory_k", "encoder_embed_dim", "decoder_embed_dim", "source vocabulary size",
-                     "target vocabulary size")
+RESHAPING_OPTIONS = ("memory_k", "encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim",
+                     "decoder_ffn_embed_dim", "source vocabulary size", "target vocabulary size")
 
 
 def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, Tuple[object, object]]:
@@ -145,7 +177,8 @@ _loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None
 @contextlib.contextmanager
 def loading(context: str, path: str, overrides: dict = None, task=None):
     """While fairseq loads checkpoint ``path``: ``context`` "train" when its Trainer restores it into
-    the model built from the command line (--restore-file, or --save-dir's checkpoint_last.pt);
+    the model built from the command line (--restore-file, or --save-dir's checkpoint_last.pt),
+    "finetune" when that checkpoint is --finetune-from-model's;
     "saved" when it builds the model from the checkpoint's saved options and ``overrides``
     (--model-overrides: fairseq-generate, -interactive, -validate, the hub, our plot). A model
     built in Python and loaded outside of both has neither. ``task``, when known, may say how its
@@ -186,6 +219,8 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
     if context == "train":
         fix = (f"the model is built from this command line: to continue training the checkpoint give "
                f"{fit}; to train a new model use another --save-dir")
+    elif context == "finetune":
+        fix = f"the model is built from this command line: to fine-tune the checkpoint give {fit}"
     elif context == "saved":
         overridden = [name for name in options if name in overrides]
         if overridden:
@@ -199,3 +234,20 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
         fix = f"build the model with {fit}"
     where = f"{path} " if path else "the checkpoint "
     return UserError(f"{where}does not fit the model: {found}; {fix}")
+
+
+def unmatched_parameters(error: RuntimeError):
+    """torch's strict load refusing parameters that no option above told apart (say, another
+    --encoder-attention-heads layout or --encoder-normalize-before) as a one-line UserError where
+    the fix depends on how the model was built (``loading``); None for any other RuntimeError."""
+    lines = str(error).splitlines()
+    if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+        return None
+    context, path, _, _ = _loading.get()
+    found = "; ".join(line.strip() if len(line.strip()) <= 160 else line.strip()[:157] + "..."
+                      for line in lines[1:] if line.strip())
+    fix = {"train": "the model is built from this command line: give the options the checkpoint was trained "
+                    "with, or use another --save-dir to train a new model",
+           "finetune": "the model is built from this command line: give the options the checkpoint was "
+                       "trained with"}.get(context, "build the model with the options the checkpoint was trained with")
+    return UserError(f"{path or 'the checkpoint'} does not fit the model ({found}): {fix}")

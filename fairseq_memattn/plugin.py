@@ -12,6 +12,7 @@ fairseq is already imported, which is always so when fairseq loads it through ``
 import functools
 import inspect
 import logging
+import os
 import weakref
 
 from .errors import UserError, fairseq_command_line, install_hook
@@ -98,12 +99,14 @@ def guard_model_loading() -> None:
 
 
 def guard_training_restore() -> None:
-    """fairseq's Trainer restoring a checkpoint (fairseq-train's --restore-file, or --save-dir's
-    checkpoint_last.pt) into the model built from the command line: a checkpoint that does not fit
-    names the options to give (``checkpoint_fit.loading``)."""
+    """fairseq's Trainer restoring a checkpoint (fairseq-train's --restore-file, --finetune-from-model,
+    or --save-dir's checkpoint_last.pt) into the model built from the command line: a checkpoint that
+    does not fit names the options to give (``checkpoint_fit.loading``), and a folder, or a
+    --restore-file that is not there, is refused (fairseq would train a new model from scratch)."""
     from fairseq.trainer import Trainer
 
     from .checkpoint_fit import loading
+    from .checkpoint_safety import not_a_file
 
     restore = Trainer.load_checkpoint
     if getattr(restore, "guarded", False):
@@ -111,7 +114,14 @@ def guard_training_restore() -> None:
 
     @functools.wraps(restore)
     def guarded(self, filename, *args, **kwargs):
-        with loading("train", filename, task=self.task):
+        options = self.cfg.checkpoint
+        given = options.restore_file != "checkpoint_last.pt"  # fairseq's default: --save-dir's, if any
+        if os.path.isdir(filename) or (given and not os.path.exists(filename)):
+            raise not_a_file(filename)
+        finetune = (options.finetune_from_model is not None and os.path.exists(filename)
+                    and os.path.exists(options.finetune_from_model)
+                    and os.path.samefile(filename, options.finetune_from_model))
+        with loading("finetune" if finetune else "train", filename, task=self.task):
             return restore(self, filename, *args, **kwargs)
 
     guarded.guarded = True

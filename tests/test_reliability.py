@@ -145,6 +145,23 @@ def test_overrides_that_do_not_fit_name_both_values(loads):
         "--model-overrides sets memory_k: remove it from --model-overrides")
 
 
+@pytest.mark.slow
+def test_training_from_a_checkpoint_that_cannot_be_used_is_one_line(arch_checkpoints, tmp_path):
+    """fairseq-train's --finetune-from-model and --restore-file: a checkpoint that does not fit gets the
+    fine-tuning advice; a folder or a missing file is refused (fairseq trained from scratch)."""
+    memattn = arch_checkpoints["lstm_memattn"]
+    train = ["fairseq-train", *COPY, "--arch", "lstm_memattn", *TINY, "--memory-k", "4", *TRAIN, "--max-update", "1"]
+    runs = run_together((*train, "--memory-k", "8", "--save-dir", str(tmp_path / "a"), "--finetune-from-model", str(memattn)),
+                        (*train, "--save-dir", str(tmp_path / "b"), "--finetune-from-model", str(memattn.parent)),
+                        (*train, "--save-dir", str(tmp_path / "c"), "--restore-file", str(tmp_path / "none.pt")),
+                        check=False)
+    assert [final_error(run) for run in runs] == [
+        f"fairseq-train: error: {memattn} does not fit the model: checkpoint has memory_k=4 but the model was built "
+        f"with memory_k=8; the model is built from this command line: to fine-tune the checkpoint give --memory-k 4",
+        f"fairseq-train: error: {memattn.parent} is a folder: give a checkpoint file in it (checkpoint_best.pt, checkpoint_last.pt)",
+        f"fairseq-train: error: checkpoint not found: {tmp_path / 'none.pt'}"]
+
+
 @pytest.mark.parametrize("saved, built, message", [
     ({"memory_k": 3}, {"memory_k": 5}, "memory_k=3 but the model was built with memory_k=5"),
     ({}, {"attention_type": "additive"},

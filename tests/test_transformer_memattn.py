@@ -13,13 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import (BEAM_SOURCES, PLUGIN_DIR, SOURCES, beam_search, check_copies,
+from conftest import (BEAM_SOURCES, PLUGIN_DIR, SOURCES, beam_search, build_model, check_copies,
                       left_padded_batch)
 from conftest import run_fairseq as run
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
 from test_numerics import assert_close_to, logits_and_gradients
 
+from fairseq_memattn.checkpoint_fit import loading
 from fairseq_memattn.errors import UserError
 from fairseq_memattn.hub import attention_returned
 from fairseq_memattn.modules import beam_sharing
@@ -648,3 +649,45 @@ def test_untied_checkpoint_does_not_load_into_a_tied_transformer(dictionary, opt
         tied.load_state_dict(untied)
     build_transformer(dictionary).load_state_dict(untied)
     tied.load_state_dict(build_transformer(dictionary, seed=1, **{option: True}).state_dict())
+
+
+# --- checkpoints that do not fit -----------------------------------------------------
+
+@pytest.mark.parametrize("saved, built, message", [
+    ({"encoder_ffn_embed_dim": 24}, {}, "checkpoint has encoder_ffn_embed_dim=24 but the model was built with "
+                                        "encoder_ffn_embed_dim=32; build the model with --encoder-ffn-embed-dim 24"),
+    ({}, {"layernorm_embedding": True}, "checkpoint has layernorm_embedding=False but the model was built with "
+                                        "layernorm_embedding=True; build the model with no --layernorm-embedding"),
+])
+def test_a_misfit_the_shapes_tell_is_named_by_option(dictionary, saved, built, message):
+    checkpoint = build_transformer(dictionary, **saved).state_dict()
+    with pytest.raises(UserError, match=f"^the checkpoint does not fit the model: {re.escape(message)}$"):
+        build_transformer(dictionary, **built).load_state_dict(checkpoint)
+
+
+def test_a_misfit_no_option_tells_is_one_line_naming_the_parameters(dictionary):
+    checkpoint = build_transformer(dictionary).state_dict()
+    with pytest.raises(UserError, match=r'^the checkpoint does not fit the model \(Missing key\(s\) in state_dict: '
+                                        r'"encoder\.layer_norm\.weight", "encoder\.layer_norm\.bias"\.\): build the '
+                                        r"model with the options the checkpoint was trained with$"):
+        build_transformer(dictionary, encoder_normalize_before=True).load_state_dict(checkpoint)
+
+
+def test_a_checkpoint_of_another_kind_of_model_is_said_to_be_one(dictionary):
+    """Not compared option by option (a transformer's checkpoint has no LSTM layers, not 0 of them):
+    fairseq's transformer is to be converted first; the LSTM's needs its own --arch."""
+    memory = build_transformer(dictionary)
+    transformer = {name: value for name, value in memory.state_dict().items() if ".writers." not in name}
+    with loading("train", "checkpoint_last.pt"):
+        with pytest.raises(UserError, match=re.escape(
+                "checkpoint_last.pt is a checkpoint of fairseq's transformer, not of transformer_memattn: convert it "
+                "first (fairseq-memattn-convert CHECKPOINT OUT --memory-k K), then train from OUT "
+                "(--finetune-from-model OUT); to train a new model use another --save-dir")):
+            memory.load_state_dict(transformer)
+        with pytest.raises(UserError, match=re.escape(
+                "checkpoint_last.pt is a checkpoint of lstm_memattn, not of transformer_memattn: give the --arch it "
+                "was trained with; to train a new model use another --save-dir")):
+            memory.load_state_dict(build_model(dictionary).state_dict())
+    with pytest.raises(UserError, match=re.escape(
+            "the checkpoint is a checkpoint of transformer_memattn, not of lstm_memattn: give the --arch")):
+        build_model(dictionary).load_state_dict(memory.state_dict())

@@ -25,9 +25,10 @@ from ..errors import UserError
 from ..hub import MemAttnHubModel
 from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
-from ..checkpoint_fit import check_lstm_fits
+from ..checkpoint_fit import check_family, check_lstm_fits, unmatched_parameters
 from ..arg_types import positive_int, probability_below_one
-from .memory_options import add_memory_args, fill_position_max_len, memory_defaults
+from .memory_options import (ALIGNMENT_CRITERION, add_memory_args, check_alignment_distribution,
+                             fill_position_max_len, memory_defaults, trains_alignment)
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ class MemAttnDecoder(FairseqIncrementalDecoder):
 
         As in fairseq's LSTMDecoder they are there by default in eval mode, so
         callers such as SequenceGeneratorWithAlignment get them without asking,
-        but not in training mode: no criterion reads them, and for memory
+        but not in training mode unless guided alignment's criterion, the only
+        one that reads them, is trained (build_model switches them on): for memory
         attention they cost an extra B x T x K x S product (beta x alpha^T,
         Sec. 5) that the fixed-size memory otherwise avoids. fairseq-generate
         and fairseq-interactive switch them on or off through
@@ -342,6 +344,14 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         base_architecture(args)
         check_sizes(args)
+        alignment = trains_alignment(args)
+        if alignment and args.attention_type in ("none", "linear", "gated_linear"):
+            raise UserError(f"--criterion {ALIGNMENT_CRITERION} trains each target token's attention as a "
+                            f"distribution over the source, which --attention-type {args.attention_type} does not "
+                            f"give (none has no attention, linear's weights have any sign): use memory, additive, "
+                            f"general, dot or scaled_dot")
+        if alignment and args.attention_type == "memory":
+            check_alignment_distribution(args)
         if args.attention_type == "memory":
             fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
@@ -360,7 +370,10 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
             embed_tokens=encoder.embed_tokens if args.share_all_embeddings else None,
             share_input_output_embed=args.share_decoder_input_output_embed,
         )
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        if alignment:
+            model.alignment_switch.keep_alignment = True  # in training too: the criterion's loss reads them
+        return model
 
     @property
     def alignment_switch(self):
@@ -386,9 +399,16 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         self.upgrade_state_dict(state_dict)  # older parameter names, before they are compared
+        check_family(state_dict, self.state_dict())
         if strict:
             check_lstm_fits(state_dict, self.state_dict())
-        return super().load_state_dict(state_dict, strict, model_cfg, args)
+        try:
+            return super().load_state_dict(state_dict, strict, model_cfg, args)
+        except RuntimeError as error:
+            misfit = unmatched_parameters(error)
+            if misfit is None:
+                raise
+            raise misfit from None
 
 
 def check_sizes(args):

@@ -146,3 +146,27 @@ def source_too_long(which: str, length: int, limit: int) -> str:
             f"model's position encodings cover (Eq. 10: --memory-position-max-len {limit}, fixed "
             f"when the model was trained; train with a larger one for longer sources): shorten or "
             f"split it")
+
+
+# fairseq's criterion whose loss reads the decoder's attention (net_output[1]["attn"]): guided alignment
+ALIGNMENT_CRITERION = "label_smoothed_cross_entropy_with_alignment"
+
+
+def trains_alignment(args) -> bool:
+    return getattr(args, "criterion", None) == ALIGNMENT_CRITERION
+
+
+def check_alignment_distribution(args, read_has_score: bool = True) -> None:
+    """Guided alignment trains each target token's alignment (beta x alpha^T) as a distribution over
+    the source: alpha's columns must sum to 1 over the source (softmax over time) and beta's rows
+    over the K contexts (``read_has_score``: the read's weights are --memory-decoder-score's, where
+    an attention read's are always a softmax)."""
+    checked = [("encoder-score", args.memory_encoder_score, "softmax"),
+               ("encoder-normalize", args.memory_encoder_normalize, "time")]
+    if read_has_score:
+        checked.append(("decoder-score", args.memory_decoder_score, "softmax"))
+    wrong = " ".join(f"--memory-{option} {given}" for option, given, needed in checked if given != needed)
+    if wrong:
+        give = " ".join(f"--memory-{option} {needed}" for option, _, needed in checked)
+        raise UserError(f"--criterion {ALIGNMENT_CRITERION} trains each target token's alignment (beta x alpha^T) "
+                        f"as a distribution over the source, which with {wrong} it is not: give {give}")

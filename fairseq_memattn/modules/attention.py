@@ -60,9 +60,10 @@ class AlignmentSwitch:
     @property
     def keep_alignment(self) -> bool:
         """Whether to return alignments. They cost extra work at every decoder
-        step for the fixed-size memories, and no criterion reads them, so by
-        default (None) they are kept in eval mode only, as fairseq's LSTM returns
-        its attention; make_generation_fast_ sets True or False (fairseq-generate
+        step for the fixed-size memories, and only guided alignment's criterion
+        reads them (the models' build_model then sets True), so by default
+        (None) they are kept in eval mode only, as fairseq's LSTM returns its
+        attention; make_generation_fast_ sets True or False (fairseq-generate
         passes --print-alignment)."""
         request = self.alignment_request  # a local, which TorchScript can refine from Optional
         return not self.training if request is None else request

@@ -15,12 +15,14 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ...checkpoint_fit import RESHAPING_OPTIONS, checkpoint_misfit, differing, transformer_shape_options
+from ...checkpoint_fit import (RESHAPING_OPTIONS, check_family, checkpoint_misfit, differing,
+                               transformer_shape_options, unmatched_parameters)
 from ...errors import UserError
 from ...hub import MemAttnHubModel
 from ...modules.memory_reads import READS
 from ...modules.numerics import check_choice
-from ..memory_options import add_memory_args, fill_position_max_len, memory_defaults
+from ..memory_options import (add_memory_args, check_alignment_distribution, fill_position_max_len,
+                              memory_defaults, trains_alignment)
 from .decoder import MemAttnTransformerDecoder
 from .encoder import MemAttnTransformerEncoder
 
@@ -65,6 +67,8 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
             # fairseq's Transformer keeps the options it has no field for (ours) only from a Namespace
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         model = super().build_model(args, task)
+        if trains_alignment(args):
+            model.alignment_switch.keep_alignment = True  # in training too: the criterion's loss reads them
         if getattr(args, "memory_train_write_only", False):
             for name, parameter in model.named_parameters():
                 if not name.startswith(WRITE_PREFIX):
@@ -82,6 +86,7 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
         parameter's shape (torch's non-strict load still refuses those, and
         allows missing and unexpected parameters)."""
         cfg = model_cfg if model_cfg is not None else args
+        check_family(state_dict, self.state_dict())
         state_dict = keep_layers(state_dict, cfg, bool(getattr(cfg, "memory_per_layer", False)))
         differences = differing(transformer_shape_options(state_dict), transformer_shape_options(self.state_dict()))
         if differences.get("memory_position_window") == (False, True):
@@ -90,7 +95,13 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
             differences = {name: values for name, values in differences.items() if name in RESHAPING_OPTIONS}
         if differences:
             raise checkpoint_misfit(differences)
-        return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
+        try:
+            return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
+        except RuntimeError as error:
+            misfit = unmatched_parameters(error)
+            if misfit is None:
+                raise
+            raise misfit from None
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -104,9 +115,12 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
 def fill_options(args, task):
     """The architecture's defaults, checked, and the positions and S of Eq. 10 filled in: fairseq's
     build_model fills its position defaults too, but only after S must be read from the training
-    pairs they keep."""
+    pairs they keep. A criterion that trains the alignment (fairseq's only one that reads the decoder's
+    attention) needs beta x alpha^T to be each target token's distribution over the source."""
     base_architecture(args)
     check_memory_options(args)
+    if trains_alignment(args):
+        check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
     for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
                           ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
         if getattr(args, name, None) is None:
