@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, clean_env
 
+from fairseq_memattn.errors import UserError
 from fairseq_memattn.tasks.copy_task import CopyTask, CopyTaskConfig, copy_examples, export_copy_data
 from fairseq_memattn.score import accuracy_by_length, read_generate_output, score
 
@@ -143,3 +144,83 @@ def test_scoring_counts_length_zero_examples():
         accuracy_by_length(hyps, refs, 0)
     with pytest.raises(ValueError, match="1 references have no hypothesis"):
         read_generate_output(["T-0\t1", "T-1\t2", "H-0\t-1\t1"])
+
+
+# --required-batch-size-multiple: fairseq drops a last batch whose size is not a multiple of it (8 by
+# default). Only the iterator fairseq-train trains on keeps it; the rest see every example.
+TINY_MODEL = ["--arch", "lstm_memattn", "--encoder-embed-dim", "8", "--decoder-embed-dim", "8",
+              "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", "--encoder-layers", "1",
+              "--decoder-layers", "1", "--memory-k", "4", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
+
+
+def ids(iterator):
+    return sorted(i for batch in iterator.frozen_batches for i in batch)
+
+
+def trainer(*options):
+    """fairseq's Trainer for the copy task with a tiny model, built in-process as fairseq-train does."""
+    from fairseq import options as fairseq_options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    args = fairseq_options.parse_args_and_arch(fairseq_options.get_training_parser(), [
+        "--task", "copy_task", "--copy-max-len", "6", "--copy-valid-size", "16", "--copy-test-size", "16",
+        "--num-workers", "0", *TINY_MODEL, *options])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+
+
+def test_decoding_and_validating_the_train_split_see_every_example():
+    """fairseq-generate --gen-subset train and fairseq-validate --valid-subset train with --batch-size 5
+    saw 60 of 64 examples: batches of 5, the last one (4) dropped for the default multiple of 8."""
+    task = CopyTask.setup_task(CopyTaskConfig(copy_max_len=6, copy_train_size=64))
+    task.load_dataset("train")
+    # the keywords of fairseq_cli.generate and fairseq_cli.validate, with their defaults
+    as_generate_and_validate = dict(max_tokens=None, max_sentences=5, max_positions=(1024, 1024),
+                                    ignore_invalid_inputs=False, required_batch_size_multiple=8, seed=1,
+                                    num_shards=1, shard_id=0, num_workers=1, data_buffer_size=10)
+    iterator = task.get_batch_iterator(dataset=task.dataset("train"), **as_generate_and_validate)
+    assert ids(iterator) == list(range(64))
+    assert sorted(int(i) for batch in iterator.next_epoch_itr(shuffle=False) for i in batch["id"]) \
+        == list(range(64))
+
+
+def test_only_the_training_iterator_keeps_the_batch_multiple():
+    """Batches of 5 and the default multiple of 8: training drops the last batch (4 examples), as
+    fairseq's own tasks do."""
+    training = trainer("--copy-train-size", "64", "--batch-size", "5").get_train_iterator(epoch=1)
+    assert len(set(ids(training))) == 60 and len(training.frozen_batches) == 12
+
+
+def test_a_train_split_the_batch_multiple_leaves_without_a_batch_is_refused():
+    """--copy-train-size 5 in one batch of 8: fairseq dropped the lone batch (5 is not a multiple of 8)
+    and stopped with "The dataset is empty", as its translation task does on a 5-pair train set.
+    The copy task names both options."""
+    run = trainer("--copy-train-size", "5", "--batch-size", "8")
+    with pytest.raises(UserError) as error:
+        run.get_train_iterator(epoch=1)
+    assert str(error.value) == (
+        "--copy-train-size 5 leaves fairseq-train no batch to train on: its 5 examples fit in one batch, and "
+        "fairseq drops a last batch whose size is not a multiple of --required-batch-size-multiple 8: pass "
+        "--required-batch-size-multiple 1, or a --copy-train-size that is a multiple of 8")
+    assert ids(trainer("--copy-train-size", "5", "--batch-size", "8", "--required-batch-size-multiple", "1")
+               .get_train_iterator(epoch=1)) == list(range(5))
+    # a split in several batches keeps its first ones, as fairseq's own tasks do: no refusal
+    assert len(ids(trainer("--copy-train-size", "5", "--batch-size", "2").get_train_iterator(epoch=1))) == 4
+
+
+@pytest.mark.slow
+def test_fairseq_train_refuses_a_train_split_without_a_batch_in_one_line(tmp_path):
+    result = subprocess.run([os.path.join(BIN, "fairseq-train"), "--user-dir", os.path.join(REPO, "fairseq_memattn"),
+                             "--task", "copy_task", "--copy-max-len", "6", "--copy-train-size", "5", *TINY_MODEL,
+                             "--batch-size", "8", "--max-update", "2", "--no-save", "--save-dir", str(tmp_path)],
+                            capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=600)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "fairseq-train: error: --copy-train-size 5 leaves fairseq-train no batch to train on: its 5 examples fit "
+        "in one batch, and fairseq drops a last batch whose size is not a multiple of "
+        "--required-batch-size-multiple 8: pass --required-batch-size-multiple 1, or a --copy-train-size that "
+        "is a multiple of 8")

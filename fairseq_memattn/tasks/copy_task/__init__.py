@@ -13,6 +13,7 @@ Decode with ``--min-len 0``: about 1 example in L+1 is empty, and fairseq's
 default ``--min-len 1`` forbids the empty hypothesis (the task warns then).
 """
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from ...errors import UserError
 from ...arg_types import integer_at_least
 
 SPLITS = ("train", "valid", "test")
+# Options of a training epoch that fairseq's Trainer.get_train_iterator alone passes to
+# get_batch_iterator: they mark the iterator fairseq-train trains on (CopyTask.get_batch_iterator)
+TRAINING_ONLY_OPTIONS = frozenset({"grouped_shuffling", "update_epoch_batch_itr"})
 logger = logging.getLogger(__name__)
 
 
@@ -142,13 +146,53 @@ class CopyTask(FairseqTask):
         )
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
-        """fairseq's, with every example of a split other than train in a batch: fairseq's
-        batch_by_size drops a last batch whose size is not a multiple of
-        --required-batch-size-multiple (8 by default), which would leave examples out of
-        validation and decoding. The train split keeps the option."""
-        if dataset is not self.datasets.get("train"):
-            kwargs["required_batch_size_multiple"] = 1
-        return super().get_batch_iterator(dataset, *args, **kwargs)
+        """fairseq's, with --required-batch-size-multiple kept for the iterator fairseq-train
+        trains on alone. fairseq's batch_by_size drops a last batch whose size is not a
+        multiple of it (8 by default): training loses those few examples, as fairseq's own
+        tasks do, but validation, decoding and scoring of any split, the train split included,
+        must see every example, so they get the multiple 1.
+
+        The training request is the one that carries the options of a training epoch,
+        ``grouped_shuffling`` and ``update_epoch_batch_itr``: fairseq's
+        Trainer.get_train_iterator passes them, and no other caller in fairseq does (its
+        get_valid_iterator, fairseq-generate, fairseq-validate, fairseq-interactive, the hub).
+        A training split that the multiple leaves without a batch (all of it fits in one
+        batch whose size is not a multiple) is refused in one line naming its size option and
+        --required-batch-size-multiple; fairseq's translation task stops there too, with "The
+        dataset is empty"."""
+        call = inspect.signature(super().get_batch_iterator).bind(dataset, *args, **kwargs).arguments
+        training = not TRAINING_ONLY_OPTIONS.isdisjoint(call)
+        if not training:
+            call["required_batch_size_multiple"] = 1
+        iterator = super().get_batch_iterator(**call)
+        if training and not iterator.frozen_batches:
+            self._refuse_training_without_batches(call)
+        return iterator
+
+    def _refuse_training_without_batches(self, call) -> None:
+        """The UserError for a training split that --required-batch-size-multiple leaves
+        without a batch; nothing where fairseq's own message is the right one (every example
+        too long for the model: "The dataset is empty ... skipped")."""
+        multiple = call.get("required_batch_size_multiple", 1)
+        if multiple <= 1:
+            return
+        dataset = call["dataset"]
+        probe = super().get_batch_iterator(**{**call, "required_batch_size_multiple": 1,
+                                               "disable_iterator_cache": True})
+        kept = sum(len(batch) for batch in probe.frozen_batches)
+        if not kept:
+            return
+        split = next((name for name, d in self.datasets.items() if d is dataset), None)
+        size = len(dataset)
+        given = f"--copy-{split}-size {size}" if split in SPLITS else f"a training set of {size} examples"
+        fits = (f"its {size} examples fit in one batch" if kept == size else
+                f"the {kept} of its {size} examples that fit the model's positions make one batch")
+        fix = "pass --required-batch-size-multiple 1"
+        if split in SPLITS and kept == size:
+            fix += f", or a --copy-{split}-size that is a multiple of {multiple}"
+        raise UserError(f"{given} leaves fairseq-train no batch to train on: {fits}, and fairseq drops a "
+                        f"last batch whose size is not a multiple of --required-batch-size-multiple "
+                        f"{multiple}: {fix}")
 
     def source_target_sizes(self, split):
         """Source and target sizes of ``split`` (EOS included), without making
