@@ -444,3 +444,21 @@ def test_repetition_and_bleu_by_length_of_outputs():
     table = lstm_gap.table({"model": ["the cat sat on the mat today", "nothing like it"]}, references, [5, 30])
     cells = [re.split(r"(?<!\\)\|", line.strip("|")) for line in table.splitlines()]  # markdown's cells
     assert {len(row) for row in cells} == {6} and cells[0][4].strip() == "BLEU, \\|S\\| 1-20 (1)"
+
+
+def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
+    """The LSTM trio's third model, lstm_memattn_position_mean, was missing from its table: each
+    variant gets a row after its pair, compared with the baseline on the checkpoint chosen for the two."""
+    def run(test_bleu, valid_best, valid_average):
+        test = {"bleu": test_bleu, "chrf": 40.0, "signatures": ["sig"]}
+        return {"log": {"stopped": "running", "updates": 100, "epochs": 2, "best_valid_loss": 4.0, "best_update": 100},
+                "checkpoints": {"best": {"test": test, "valid": {"bleu": valid_best}},
+                                "average": {"test": {**test, "bleu": test_bleu + 1}, "valid": {"bleu": valid_average}}}}
+
+    runs = {"lstm_att": run(10.0, 5.0, 6.0), "lstm_memattn": run(8.0, 5.0, 4.0),
+            "lstm_memattn_position_mean": run(9.5, 5.0, 6.0)}
+    rows, _ = converge.pair_rows(runs, "CPU")
+    assert [row.split(" | ")[0] for row in rows] == ["| lstm_att", "| lstm_memattn", "| lstm_memattn_position_mean"]
+    # lstm_memattn: the average is worse on validation for it, so the best: 8.00 - 10.00;
+    # the variant: the average better for both, so the average: 10.50 - 11.00
+    assert [row.split(" | ")[-3:-1] for row in rows[1:]] == [["best", "-2.00"], ["average", "-0.50"]]

@@ -624,21 +624,22 @@ TABLE_HEADER = ["| model | device | stopped by | updates | epochs | best valid l
 
 
 def pair_rows(runs, device):
-    """Table rows (TABLE_HEADER's columns) of each pair's models that RUNS has, and the sacreBLEU
-    signatures they used."""
+    """Table rows (TABLE_HEADER's columns) of each pair's models that RUNS has, its VARIANTS after
+    them, and the sacreBLEU signatures they used. A memory model is compared with the baseline on
+    the checkpoint chosen for the two of them."""
     rows, signatures = [], set()
     for baseline, memory in PAIRS.items():
-        chosen = chosen_checkpoint(runs, baseline, memory)
-        base_bleu = None
-        for model in (baseline, memory):
+        variants = [v for v, (model, _) in VARIANTS.items() if model in (baseline, memory)]
+        for model in (baseline, memory, *variants):
             if model not in runs:
                 continue
+            chosen = chosen_checkpoint(runs, baseline, memory if model == baseline else model)
             run, log_ = runs[model], runs[model]["log"]
             tests = {c: run["checkpoints"].get(c, {}).get("test") for c in ("best", "average")}
             bleu = tests[chosen]["bleu"] if tests[chosen] else None
-            if model == baseline:
-                base_bleu = bleu
-            delta = f"{bleu - base_bleu:+.2f}" if model != baseline and None not in (bleu, base_bleu) else ""
+            base_test = runs[baseline]["checkpoints"].get(chosen, {}).get("test") if baseline in runs else None
+            delta = (f"{bleu - base_test['bleu']:+.2f}" if model != baseline and None not in (bleu, base_test)
+                     else "")
             scores = [f"{tests[c][metric]:.2f}" if tests[c] else "" for c in ("best", "average")
                       for metric in ("bleu", "chrf")]
             cells = [model, device, STOPPED[log_["stopped"]], log_["updates"], log_["epochs"],
