@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import (BEAM_SOURCES, PLUGIN_DIR, SOURCES, beam_search, build_model, check_copies,
-                      left_padded_batch)
+                      left_padded_batch, make_dictionary)
 from conftest import run_fairseq as run
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
@@ -691,3 +691,18 @@ def test_a_checkpoint_of_another_kind_of_model_is_said_to_be_one(dictionary):
     with pytest.raises(UserError, match=re.escape(
             "the checkpoint is a checkpoint of transformer_memattn, not of lstm_memattn: give the --arch")):
         build_model(dictionary).load_state_dict(memory.state_dict())
+
+
+@pytest.mark.parametrize("target_symbols, decoder_dim, message", [
+    (20, 16, "--share-all-embeddings needs one dictionary for both languages, but this data has 16 source and "
+             "24 target symbols in different dictionaries: preprocess with fairseq-preprocess --joined-dictionary, "
+             "or share only --share-decoder-input-output-embed"),
+    (12, 8, "--share-all-embeddings needs --encoder-embed-dim (16) equal to --decoder-embed-dim (8)"),
+])
+def test_share_all_embeddings_without_what_it_needs_is_one_line(dictionary, target_symbols, decoder_dim, message):
+    """fairseq's transformer raised these deep inside build_model."""
+    target = dictionary if target_symbols == 12 else make_dictionary(target_symbols)
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=target)
+    args = tiny_args(share_all_embeddings=True, decoder_embed_dim=decoder_dim)
+    with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+        MemAttnTransformerModel.build_model(args, task)

@@ -28,7 +28,8 @@ from ..modules.beam_sharing import select_shared_rows
 from ..checkpoint_fit import check_family, check_lstm_fits, unmatched_parameters
 from ..arg_types import positive_int, probability_below_one
 from .memory_options import (ALIGNMENT_CRITERION, add_memory_args, check_alignment_distribution,
-                             fill_position_max_len, memory_defaults, trains_alignment)
+                             check_all_embeddings_shared, fill_position_max_len, memory_defaults,
+                             trains_alignment)
 
 logger = logging.getLogger(__name__)
 
@@ -426,17 +427,8 @@ def check_sharing(args, task, context_dim):
     """The sizes and dictionaries that --share-all-embeddings and
     --share-decoder-input-output-embed need; the first implies the second, as in
     fairseq's transformer."""
+    check_all_embeddings_shared(args, task)
     if args.share_all_embeddings:
-        if task.source_dictionary != task.target_dictionary:
-            raise UserError(
-                f"--share-all-embeddings needs one dictionary for both languages, but this data has "
-                f"{len(task.source_dictionary)} source and {len(task.target_dictionary)} target symbols "
-                f"in different dictionaries: preprocess with fairseq-preprocess --joined-dictionary, "
-                f"or share only --share-decoder-input-output-embed")
-        if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise UserError(
-                f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
-                f"--decoder-embed-dim ({args.decoder_embed_dim})")
         args.share_decoder_input_output_embed = True
     if not args.share_decoder_input_output_embed:
         return

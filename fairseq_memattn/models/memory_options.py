@@ -170,3 +170,20 @@ def check_alignment_distribution(args, read_has_score: bool = True) -> None:
         give = " ".join(f"--memory-{option} {needed}" for option, _, needed in checked)
         raise UserError(f"--criterion {ALIGNMENT_CRITERION} trains each target token's alignment (beta x alpha^T) "
                         f"as a distribution over the source, which with {wrong} it is not: give {give}")
+
+
+def check_all_embeddings_shared(args, task) -> None:
+    """What --share-all-embeddings needs, said in one line (fairseq's transformer raises it deep
+    inside build_model): one dictionary for both languages and one embedding size."""
+    if not getattr(args, "share_all_embeddings", False):
+        return
+    if task.source_dictionary != task.target_dictionary:
+        raise UserError(
+            f"--share-all-embeddings needs one dictionary for both languages, but this data has "
+            f"{len(task.source_dictionary)} source and {len(task.target_dictionary)} target symbols "
+            f"in different dictionaries: preprocess with fairseq-preprocess --joined-dictionary, "
+            f"or share only --share-decoder-input-output-embed")
+    if args.encoder_embed_dim != args.decoder_embed_dim:
+        raise UserError(
+            f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
+            f"--decoder-embed-dim ({args.decoder_embed_dim})")

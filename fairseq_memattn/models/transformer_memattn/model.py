@@ -21,8 +21,8 @@ from ...errors import UserError
 from ...hub import MemAttnHubModel
 from ...modules.memory_reads import READS
 from ...modules.numerics import check_choice
-from ..memory_options import (add_memory_args, check_alignment_distribution, fill_position_max_len,
-                              memory_defaults, trains_alignment)
+from ..memory_options import (add_memory_args, check_alignment_distribution, check_all_embeddings_shared,
+                              fill_position_max_len, memory_defaults, trains_alignment)
 from .decoder import MemAttnTransformerDecoder
 from .encoder import MemAttnTransformerEncoder
 
@@ -119,6 +119,7 @@ def fill_options(args, task):
     attention) needs beta x alpha^T to be each target token's distribution over the source."""
     base_architecture(args)
     check_memory_options(args)
+    check_all_embeddings_shared(args, task)
     if trains_alignment(args):
         check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
     for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
