@@ -1,6 +1,7 @@
 """Decoder behaviour for every attention type: incremental decoding, padding,
 beam reordering, alignments and shared embeddings."""
 
+import logging
 import re
 from types import SimpleNamespace
 
@@ -267,3 +268,24 @@ def test_untied_checkpoint_does_not_load_into_a_tied_model(dictionary):
             "share_decoder_input_output_embed=True")):
         tied.load_state_dict(untied)
     tied.load_state_dict(tied.state_dict())
+
+
+@pytest.mark.parametrize("overrides, warning", [
+    ({"attention_type": "none", "input_feeding": True, "attention_mix": True},
+     "--input-feeding and --attention-mix ignored: --attention-type none gives the decoder no context to feed or mix"),
+    ({"attention_type": "general", "attention_dim": 8},
+     "--attention-dim 8 ignored: only --attention-type additive has a layer of that size (this model: "
+     "--attention-type general)"),
+    ({"memory_position_normalize": "mean"},
+     "--memory-position-normalize mean is ignored: position encodings are off (add --memory-position-encoding "
+     "to use them)"),
+])
+def test_options_the_attention_does_not_use_are_said_to_be_ignored(caplog, overrides, warning):
+    """They trained silently without them."""
+    with caplog.at_level(logging.WARNING):
+        build_model(**overrides)
+    assert warning in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_model()
+    assert "ignored" not in caplog.text

@@ -357,6 +357,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
             fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
         attention = build_attention(args, encoder_dim, args.decoder_hidden_size)
+        warn_ignored_options(args, attention.context_dim)
         check_sharing(args, task, attention.context_dim)
         encoder = MemAttnEncoder(
             task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
@@ -421,6 +422,18 @@ def check_sizes(args):
             raise UserError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
     if not 0.0 <= args.dropout < 1.0:
         raise UserError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
+
+
+def warn_ignored_options(args, context_dim) -> None:
+    """Options the chosen attention has no use for: trained without them, said once."""
+    without_context = [flag for flag, given in (("--input-feeding", args.input_feeding),
+                                                ("--attention-mix", args.attention_mix)) if given]
+    if context_dim == 0 and without_context:
+        logger.warning(f"{' and '.join(without_context)} ignored: --attention-type {args.attention_type} gives "
+                       f"the decoder no context to feed or mix")
+    if args.attention_dim is not None and args.attention_type != "additive":
+        logger.warning(f"--attention-dim {args.attention_dim} ignored: only --attention-type additive has a layer "
+                       f"of that size (this model: --attention-type {args.attention_type})")
 
 
 def check_sharing(args, task, context_dim):

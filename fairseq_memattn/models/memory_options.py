@@ -92,6 +92,9 @@ def fill_position_max_len(args, task) -> None:
     if not args.memory_position_encoding and args.memory_position_max_len is not None:
         logger.warning(f"--memory-position-max-len {args.memory_position_max_len} is ignored: position "
                        f"encodings are off (add --memory-position-encoding to use them)")
+    if not args.memory_position_encoding and args.memory_position_normalize != "sum":
+        logger.warning(f"--memory-position-normalize {args.memory_position_normalize} is ignored: position "
+                       f"encodings are off (add --memory-position-encoding to use them)")
     if args.memory_position_encoding and args.memory_position_max_len is None:
         args.memory_position_max_len = longest_training_source(args, task)
     if args.memory_position_encoding:  # fairseq's length checks then name the option
