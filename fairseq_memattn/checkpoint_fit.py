@@ -174,6 +174,21 @@ def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, T
 _loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None, None, None))
 
 
+# Who gave the overrides of a "saved" load: None for --model-overrides, else the Python call
+# (from_pretrained) whose keyword arguments fairseq takes as its overrides.
+_overrides_giver = contextvars.ContextVar("fairseq_memattn_overrides_giver", default=None)
+
+
+@contextlib.contextmanager
+def overrides_given_as(caller: str):
+    """While loading: the overrides are ``caller``'s keyword arguments, and a misfit names them so."""
+    token = _overrides_giver.set(caller)
+    try:
+        yield
+    finally:
+        _overrides_giver.reset(token)
+
+
 @contextlib.contextmanager
 def loading(context: str, path: str, overrides: dict = None, task=None):
     """While fairseq loads checkpoint ``path``: ``context`` "train" when its Trainer restores it into
@@ -223,7 +238,13 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
         fix = f"the model is built from this command line: to fine-tune the checkpoint give {fit}"
     elif context == "saved":
         overridden = [name for name in options if name in overrides]
-        if overridden:
+        caller = _overrides_giver.get()
+        if overridden and caller:
+            found = "; ".join(f"checkpoint has {name}={differences[name][0]} but {caller} was given "
+                              f"{name}={overrides[name]!r}" for name in overridden)
+            passed = ", ".join(f"{name}={overrides[name]!r}" for name in overridden)
+            fix = f"remove {passed} from {caller}'s keyword arguments"
+        elif overridden:
             fix = (f"--model-overrides sets {', '.join(overridden)}: remove "
                    f"{'it' if len(overridden) == 1 else 'them'} from --model-overrides")
         else:
@@ -236,7 +257,7 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
     return UserError(f"{where}does not fit the model: {found}; {fix}")
 
 
-def unmatched_parameters(error: RuntimeError):
+def _unmatched_parameters(error: RuntimeError):
     """torch's strict load refusing parameters that no option above told apart (say, another
     --encoder-attention-heads layout or --encoder-normalize-before) as a one-line UserError where
     the fix depends on how the model was built (``loading``); None for any other RuntimeError."""
@@ -251,3 +272,15 @@ def unmatched_parameters(error: RuntimeError):
            "finetune": "the model is built from this command line: give the options the checkpoint was "
                        "trained with"}.get(context, "build the model with the options the checkpoint was trained with")
     return UserError(f"{path or 'the checkpoint'} does not fit the model ({found}): {fix}")
+
+
+@contextlib.contextmanager
+def parameters_said_by_name():
+    """Around a model's strict load: torch's refusal as ``_unmatched_parameters``'s one line."""
+    try:
+        yield
+    except RuntimeError as error:
+        misfit = _unmatched_parameters(error)
+        if misfit is None:
+            raise
+        raise misfit from None

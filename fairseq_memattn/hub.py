@@ -22,6 +22,7 @@ from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
 
 from . import register
+from .checkpoint_fit import overrides_given_as
 from .errors import UserError
 from .models.memory_options import position_encoding_limit, source_too_long
 
@@ -51,13 +52,9 @@ class MemAttnHubModel:
         register()  # checkpoints loadable under weights_only, loading errors said as UserError
         data = check_paths(model_name_or_path, checkpoint_file, data_name_or_path, cls.hub_models())
         try:
-            loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                               archive_map=cls.hub_models(), **kwargs)
-        except UserError:
-            misfit = keyword_misfit(cls, model_name_or_path, checkpoint_file, kwargs)
-            if misfit is None:
-                raise
-            raise misfit from None
+            with overrides_given_as("from_pretrained"):  # fairseq takes the keyword arguments as its overrides
+                loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                                   archive_map=cls.hub_models(), **kwargs)
         except Exception as error:
             missing = unusable_data(error)
             if missing is None:
@@ -80,34 +77,6 @@ def check_paths(model_name_or_path, checkpoint_file: str, data_name_or_path: str
         raise UserError(f"data folder not found: {data} (data_name_or_path is the data-bin folder the model "
                         f"was trained on, with its dictionaries)")
     return data
-
-
-def keyword_misfit(model_class, model_name_or_path, checkpoint_file: str, overrides: dict):
-    """For a load that failed: the UserError naming the keyword arguments that give an option the
-    checkpoint's weights fix another value of (memory_k=8 for a K = 4 checkpoint), else None.
-    fairseq's loader takes them as --model-overrides and its error says so, a command line's name."""
-    from .checkpoint_fit import differing, lstm_shape_options, transformer_shape_options
-    from .checkpoint_safety import read_checkpoint
-    from .models.lstm_memattn import MemAttnLSTMModel
-
-    if not overrides:
-        return None
-    shape_options = lstm_shape_options if issubclass(model_class, MemAttnLSTMModel) else transformer_shape_options
-    for name in checkpoint_file.split(os.pathsep):  # fairseq's list of an ensemble's files
-        path = os.path.join(str(model_name_or_path), name)
-        if not os.path.isfile(path):
-            continue
-        try:
-            differences = differing(shape_options(read_checkpoint(path)["model"]), overrides)
-        except UserError:
-            return None  # the load's own error says what is wrong with the file
-        if differences:
-            found = "; ".join(f"checkpoint has {option}={saved} but from_pretrained was given {option}={given!r}"
-                              for option, (saved, given) in differences.items())
-            passed = ", ".join(f"{option}={given!r}" for option, (_, given) in differences.items())
-            return UserError(f"{path} does not fit the model: {found}; remove {passed} from from_pretrained's "
-                             f"keyword arguments")
-    return None
 
 
 def unusable_data(error: Exception):

@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..hub import MemAttnHubModel
 from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
-from ..checkpoint_fit import check_family, check_lstm_fits, unmatched_parameters
+from ..checkpoint_fit import check_family, check_lstm_fits, parameters_said_by_name
 from ..arg_types import positive_int, probability_below_one
 from .memory_options import (ALIGNMENT_CRITERION, add_memory_args, check_alignment_distribution,
                              check_all_embeddings_shared, fill_position_max_len, memory_defaults,
@@ -404,13 +404,8 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         check_family(state_dict, self.state_dict())
         if strict:
             check_lstm_fits(state_dict, self.state_dict())
-        try:
+        with parameters_said_by_name():
             return super().load_state_dict(state_dict, strict, model_cfg, args)
-        except RuntimeError as error:
-            misfit = unmatched_parameters(error)
-            if misfit is None:
-                raise
-            raise misfit from None
 
 
 def check_sizes(args):

@@ -16,7 +16,7 @@ from fairseq.models.transformer import base_architecture as transformer_base_arc
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ...checkpoint_fit import (RESHAPING_OPTIONS, check_family, checkpoint_misfit, differing,
-                               transformer_shape_options, unmatched_parameters)
+                               parameters_said_by_name, transformer_shape_options)
 from ...errors import UserError
 from ...hub import MemAttnHubModel
 from ...modules.memory_reads import READS
@@ -95,13 +95,8 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
             differences = {name: values for name, values in differences.items() if name in RESHAPING_OPTIONS}
         if differences:
             raise checkpoint_misfit(differences)
-        try:
+        with parameters_said_by_name():
             return super().load_state_dict(state_dict, strict, model_cfg=None, args=None)
-        except RuntimeError as error:
-            misfit = unmatched_parameters(error)
-            if misfit is None:
-                raise
-            raise misfit from None
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
