@@ -116,18 +116,38 @@ def alignment_runs(tmp_path_factory):
     train = ["--user-dir", PLUGIN_DIR, "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--cpu",
              "--max-update", "2", "--no-save", "--seed", "1", "--num-workers", "0", "--no-progress-bar",
              "--load-alignments", "--criterion", CRITERION, "--alignment-lambda", "0.5"]
+    hydra = [hydra_run(root, data, arch, sizes) for arch, sizes in TINY.items()]
     results = run_together(*[("fairseq-train", str(data), "--arch", arch, *sizes, *train)
-                             for arch, sizes in TINY.items()], check=False)
-    return dict(zip(TINY, results))
+                             for arch, sizes in TINY.items()], *hydra, check=False)
+    return dict(zip([*TINY, *(f"{arch} hydra" for arch in TINY)], results))
+
+
+def hydra_run(root, data, arch, sizes):
+    """fairseq-hydra-train's command for the same run: its model config does not name the criterion,
+    so the model learns from the task (load_alignments) that the loss reads its alignment."""
+    import json
+
+    model = {option[2:].replace("-", "_"): int(value) if value.isdigit() else value
+             for option, value in zip(sizes[::2], sizes[1::2])}
+    config = {"common": {"user_dir": PLUGIN_DIR, "cpu": True, "seed": 1},
+              "task": {"_name": "translation", "data": str(data), "load_alignments": True},
+              "model": {"_name": arch, **model},
+              "criterion": {"_name": CRITERION, "alignment_lambda": 0.5},
+              "optimizer": {"_name": "adam"}, "lr_scheduler": {"_name": "fixed"},
+              "optimization": {"max_update": 2, "lr": [1e-3]}, "dataset": {"batch_size": 8, "num_workers": 0},
+              "checkpoint": {"no_save": True}}
+    (root / f"{arch}.yaml").write_text(json.dumps(config))  # YAML is a superset of JSON
+    return ("fairseq-hydra-train", "--config-dir", str(root), "--config-name", arch,
+            f"hydra.run.dir={root / 'hydra' / arch}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", TINY)
-def test_fairseq_train_with_the_alignment_criterion(alignment_runs, arch):
-    result = alignment_runs[arch]
+@pytest.mark.parametrize("run", [*TINY, *(f"{arch} hydra" for arch in TINY)])
+def test_fairseq_train_with_the_alignment_criterion(alignment_runs, run):
+    result = alignment_runs[run]
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
-    train = re.search(r"\| train \| epoch 001 \|.*", log).group(0)
+    train = re.search(r"(\| train \||\[train\]\[INFO\] -) epoch 001 \|.*", log).group(0)  # fairseq-train, hydra
     assert "num_updates 2" in train
     loss = float(re.search(r"alignment_loss (\S+)", train).group(1))
     assert math.isfinite(loss) and loss > 0

@@ -345,7 +345,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         base_architecture(args)
         check_sizes(args)
-        alignment = trains_alignment(args)
+        alignment = trains_alignment(args, task)
         if alignment and args.attention_type in ("none", "linear", "gated_linear"):
             raise UserError(f"--criterion {ALIGNMENT_CRITERION} trains each target token's attention as a "
                             f"distribution over the source, which --attention-type {args.attention_type} does not "

@@ -155,8 +155,14 @@ def source_too_long(which: str, length: int, limit: int) -> str:
 ALIGNMENT_CRITERION = "label_smoothed_cross_entropy_with_alignment"
 
 
-def trains_alignment(args) -> bool:
-    return getattr(args, "criterion", None) == ALIGNMENT_CRITERION
+def trains_alignment(args, task) -> bool:
+    """Whether training's loss reads the decoder's alignment. fairseq-train's options name the
+    criterion; fairseq-hydra-train gives the model its own config alone, and there a task that loads
+    alignments (--load-alignments, which only that criterion reads) says so."""
+    criterion = getattr(args, "criterion", None)
+    if criterion is not None:
+        return criterion == ALIGNMENT_CRITERION
+    return bool(getattr(getattr(task, "cfg", None), "load_alignments", False))
 
 
 def check_alignment_distribution(args, read_has_score: bool = True) -> None:

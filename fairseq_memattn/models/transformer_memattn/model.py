@@ -67,7 +67,7 @@ class MemAttnTransformerModel(MemAttnHubModel, TransformerModel):
             # fairseq's Transformer keeps the options it has no field for (ours) only from a Namespace
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         model = super().build_model(args, task)
-        if trains_alignment(args):
+        if trains_alignment(args, task):
             model.alignment_switch.keep_alignment = True  # in training too: the criterion's loss reads them
         if getattr(args, "memory_train_write_only", False):
             for name, parameter in model.named_parameters():
@@ -115,7 +115,7 @@ def fill_options(args, task):
     base_architecture(args)
     check_memory_options(args)
     check_all_embeddings_shared(args, task)
-    if trains_alignment(args):
+    if trains_alignment(args, task):
         check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
     for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
                           ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
