@@ -97,16 +97,16 @@ def write(folder: str, checkpoint: str, data: str, quantize: str, sentencepiece_
     from . import lstm, transformer
 
     family = transformer if isinstance(model, MemAttnTransformerModel) else lstm
-    family.check_supported(model)
-    if family is transformer:
-        try:
-            graphs, config = family.build(model, quantize, short_source_rows)
-        except ValueError as error:
-            raise ExportError(str(error)) from None
-    elif short_source_rows:
+    if family is lstm and short_source_rows:
         raise ExportError(f"invalid --short-source-rows: {short_source_rows} (transformer_memattn only; an "
                           "lstm_memattn memory keeps K rows)")
-    else:
+    try:  # the families refuse what they do not export with a ValueError
+        family.check_supported(model)
+        if family is transformer:
+            graphs, config = family.build(model, quantize, short_source_rows)
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+    if family is lstm:
         graphs, config = family.build(model, quantize)
     for part, graph in graphs.items():
         onnx.save(graph.model(), os.path.join(folder, f"{part}.onnx"))

@@ -46,7 +46,8 @@ def check_supported(model) -> None:
         ("--scale-attn/--scale-fc/--scale-heads/--scale-resids (NormFormer)",
          any(getattr(layer, name, None) is not None
              for layer in decoder.layers for name in ("attn_ln", "ffn_layernorm", "c_attn", "w_resid"))),
-        ("--quant-noise-scalar", encoder.quant_noise is not None or decoder.quant_noise is not None),
+        # fairseq's --quant-noise-pq adds a Linear after the embeddings, also at inference
+        ("--quant-noise-pq", encoder.quant_noise is not None or decoder.quant_noise is not None),
         ("--alibi", getattr(decoder, "alibi", None) is not None),
         ("attention with add_bias_kv/add_zero_attn", any(a.bias_k is not None or a.add_zero_attn for a in attentions)),
     ]
