@@ -100,14 +100,12 @@ def write(folder: str, checkpoint: str, data: str, quantize: str, sentencepiece_
     if family is lstm and short_source_rows:
         raise ExportError(f"invalid --short-source-rows: {short_source_rows} (transformer_memattn only; an "
                           "lstm_memattn memory keeps K rows)")
+    options = (short_source_rows,) if family is transformer else ()
     try:  # the families refuse what they do not export with a ValueError
         family.check_supported(model)
-        if family is transformer:
-            graphs, config = family.build(model, quantize, short_source_rows)
+        graphs, config = family.build(model, quantize, *options)
     except ValueError as error:
         raise ExportError(str(error)) from None
-    if family is lstm:
-        graphs, config = family.build(model, quantize)
     for part, graph in graphs.items():
         onnx.save(graph.model(), os.path.join(folder, f"{part}.onnx"))
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
