@@ -43,6 +43,8 @@ def folder_with(*parts: str):
 
 def output_dir(text: str) -> str:
     """A folder to write into: one that exists, or a path where one can be made."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (give a folder)")
     blocked = _file_on_the_way(text)
     if blocked:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")

@@ -25,6 +25,7 @@ def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
     assert refusal(cli.output_dir, str(a_file / "out")) == f"{a_file / 'out'}: {a_file} is a file, not a folder"
     assert refusal(cli.output_file, str(a_file / "out" / "t.md")) == f"{a_file / 'out' / 't.md'}: {a_file} is a file, not a folder"
     assert refusal(cli.output_file, str(tmp_path)) == f"{tmp_path}: a folder (give the file's name)"
+    assert refusal(cli.output_dir, "") == "an empty path (give a folder)"  # not the current folder, not a default
 
 
 def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(tmp_path):

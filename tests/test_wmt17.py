@@ -186,6 +186,10 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
         prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "big"),
                       "--vocab-size", "5000"))
     assert not (tmp_path / "big" / "spm.model").exists()
+    assert re.fullmatch(
+        r"wmt17: error: invalid --vocab-size: 5 \(the training text needs at least \d+ pieces, one per character "
+        r"and sentencepiece's own; use a larger --vocab-size\)",
+        prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "small"), "--vocab-size", "5"))
     assert prepare_error(capsys, "en-fi", "--raw-dir", str(raw), "--out", str(out)) == (
         f"wmt17: error: missing in {raw}: train.fi, valid.fi, test.fi (need train, valid and test "
         "files for both sides: {train,valid,test}.{en,fi})")
@@ -201,7 +205,22 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
         f"wmt17: error: {raw / 'train.en'} is empty: the train corpus has no text")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(tmp_path / "nowhere")).endswith(
         "is not a directory")
+    assert prepare_error(capsys, "en-de", "--raw-dir", "").endswith("is not a directory")  # not the download
+    # A carriage return inside a line would shift every later sentence in readers that break lines
+    # there; a byte that is not UTF-8 would stop the BPE half-way.
+    write_corpus(raw, {"train": 20})
+    lines = (raw / "train.en").read_bytes().splitlines(keepends=True)
+    (raw / "train.en").write_bytes(b"".join([*lines[:2], lines[2].replace(b" ", b"\r", 1), *lines[3:]]))
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out)) == (
+        f"wmt17: error: {raw / 'train.en'} line 3 holds a carriage return (\\r) inside the line, which readers "
+        "take for a line break: remove it, e.g. tr -d '\\r'")
+    (raw / "train.en").write_bytes(b"".join([*lines[:4], "Caf\u00e9 au lait.\n".encode("latin-1"), *lines[5:]]))
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out)) == (
+        f"wmt17: error: {raw / 'train.en'} line 5 is not UTF-8 (byte 0xe9): convert the file to UTF-8, "
+        "e.g. iconv -f latin1 -t utf-8")
     assert not out.exists()
+    (raw / "train.en").write_bytes(b"".join(line.replace(b"\n", b"\r\n") for line in lines))  # CRLF is fine
+    assert wmt17.check_raw(raw, "en-de")["train"] == 20
 
 
 def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
@@ -219,9 +238,23 @@ def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
         f"wmt17: error: --out {out} holds data prepared with other settings ({out / 'data-bin'} without de-en): "
         f"{remove}")
     other = write_corpus(tmp_path / "other", {"train": 100, "valid": 5, "test": 5}, seed=2)
+    files = ", ".join(str(other / f"{split}.{lang}") for split in ("train", "valid", "test") for lang in ("en", "de"))
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(other), "--out", str(out), "--vocab-size", "80") == (
+        f"wmt17: error: --out {out} holds data prepared with other settings ({files} not the text it was "
+        f"prepared from): {remove}")
+    # one sentence edited, the counts unchanged
+    lines = (raw / "train.en").read_text(encoding="utf-8").splitlines(keepends=True)
+    (raw / "train.en").write_text("".join(["A new first sentence.\n", *lines[1:]]), encoding="utf-8")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80") == (
+        f"wmt17: error: --out {out} holds data prepared with other settings ({raw / 'train.en'} not the text it "
+        f"was prepared from): {remove}")
+    (raw / "train.en").write_text("".join(lines), encoding="utf-8")
+    # an --out prepared before the digests were kept: told by its references
+    (out / wmt17.DIGESTS).rename(tmp_path / "digests")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(other), "--out", str(out), "--vocab-size", "80") == (
         f"wmt17: error: --out {out} holds data prepared with other settings ({out / 'ref' / 'valid.de'} of "
         f"another corpus; {out / 'ref' / 'test.de'} of another corpus): {remove}")
+    (tmp_path / "digests").rename(out / wmt17.DIGESTS)
     (tmp_path / "afile").write_text("")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "afile")) == (
         f"wmt17 prepare: error: argument --out: {tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a folder")

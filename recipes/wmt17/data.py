@@ -19,12 +19,15 @@ of one directory: the downloaded ones, or the user's (``raw_dir``, for offline
 machines or any other language pair). Each step writes to a temporary name and
 renames it when complete, and skips an output that exists; once a step has run,
 every later step runs again, so nothing is built from an older version of its input.
-An output directory prepared from another corpus, pair or vocabulary size is
-refused (``check_prepared``) rather than kept.
+An output directory prepared from another corpus (OUT/raw.sha256.json keeps the digests of
+the files it was prepared from), pair or vocabulary size is refused (``check_prepared``) rather
+than kept.
 """
 
 import filecmp
 import gzip
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -92,16 +95,34 @@ def check_raw(raw_dir: str, pair: str) -> Dict[str, int]:
     counts = {}
     for split in SPLITS:
         paths = [os.path.join(raw_dir, f"{split}.{lang}") for lang in langs]
-        n = [count_lines(p) for p in paths]
+        n = [checked_lines(p, split) for p in paths]
         if n[0] != n[1]:
             raise DataError(f"{paths[0]} has {n[0]} lines but {paths[1]} has {n[1]}: "
                             "source and target must be parallel, one sentence per line")
-        for path in paths:
-            with open(path, encoding="utf-8") as f:
-                if not any(line.strip() for line in f):
-                    raise DataError(f"{path} is empty: the {split} corpus has no text")
         counts[split] = n[0]
     return counts
+
+
+def checked_lines(path: str, split: str) -> int:
+    """The lines of a raw file (each ended by \n, or \r\n); a DataError for a file without text, a
+    line that is not UTF-8, or a carriage return inside a line, where Python's and sacrebleu's readers
+    would start a new line and shift every sentence after it against the other side."""
+    lines, text = 0, False
+    with open(path, "rb") as f:
+        for lines, line in enumerate(f, 1):
+            body = line.rstrip(b"\n")
+            body = body[:-1] if body.endswith(b"\r") else body
+            try:
+                text = body.decode("utf-8").strip() != "" or text
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path} line {lines} is not UTF-8 (byte {body[error.start]:#04x}): convert "
+                                f"the file to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+            if b"\r" in body:
+                raise DataError(f"{path} line {lines} holds a carriage return (\\r) inside the line, which "
+                                f"readers take for a line break: remove it, e.g. tr -d '\\r'")
+    if not text:
+        raise DataError(f"{path} is empty: the {split} corpus has no text")
+    return lines
 
 
 def atomic_output(path: str) -> str:
@@ -196,10 +217,15 @@ def learn_bpe(raw: str, langs, model: str, vocab_size: int):
             minloglevel=2)
     except RuntimeError as error:
         most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(error))
-        if not most:
-            raise
-        raise DataError(f"invalid --vocab-size: {vocab_size} (the training text allows at most "
-                        f"{most.group(1)} BPE pieces; use a smaller --vocab-size)") from None
+        if most:
+            raise DataError(f"invalid --vocab-size: {vocab_size} (the training text allows at most "
+                            f"{most.group(1)} BPE pieces; use a smaller --vocab-size)") from None
+        least = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", str(error))
+        if least:
+            raise DataError(f"invalid --vocab-size: {vocab_size} (the training text needs at least "
+                            f"{least.group(1)} pieces, one per character and sentencepiece's own; use a "
+                            f"larger --vocab-size)") from None
+        raise
     os.replace(tmp + ".vocab", model[: -len(".model")] + ".vocab")
     commit(tmp + ".model", model)
 
@@ -227,10 +253,31 @@ def binarize(bpe_dir: str, langs, dest: str, workers: int):
     commit(tmp, dest)
 
 
-def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size: int):
+DIGESTS = "raw.sha256.json"  # in OUT: the raw files it was prepared from
+
+
+def raw_digests(raw: str, langs) -> Dict[str, str]:
+    """Each raw file's SHA-256, by name."""
+    digests = {}
+    for split in SPLITS:
+        for lang in langs:
+            with open(os.path.join(raw, f"{split}.{lang}"), "rb") as f:
+                digests[f"{split}.{lang}"] = hashlib.file_digest(f, "sha256").hexdigest()
+    return digests
+
+
+def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size: int, digests: Dict[str, str]):
     """A DataError where OUT holds outputs of another corpus, pair or --vocab-size: prepare
-    would skip them as done and keep them."""
+    would skip them as done and keep them. The corpus is told by its files' digests, or where OUT
+    was prepared before they were kept, by its line counts and references."""
     found = []
+    recorded = os.path.join(out, DIGESTS)
+    if os.path.exists(recorded):
+        with open(recorded, encoding="utf-8") as f:
+            prepared_from = json.load(f)
+        changed = [os.path.join(raw, name) for name, digest in digests.items() if prepared_from.get(name) != digest]
+        if changed:
+            found.append(f"{', '.join(changed)} not the text it was prepared from")
     model = os.path.join(out, "spm.model")
     if os.path.exists(model):
         import sentencepiece as spm
@@ -244,7 +291,7 @@ def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size
             lines = count_lines(bpe) if os.path.exists(bpe) else counts[split]
             if lines != counts[split]:
                 found.append(f"{bpe} of {lines} lines, not {counts[split]}")
-    for split in ("valid", "test"):
+    for split in ("valid", "test") if not os.path.exists(recorded) else ():
         ref = os.path.join(out, "ref", f"{split}.{langs[1]}")
         if os.path.exists(ref) and not filecmp.cmp(ref, os.path.join(raw, f"{split}.{langs[1]}"), shallow=False):
             found.append(f"{ref} of another corpus")
@@ -264,7 +311,14 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
     langs = check_pair(pair) if raw_dir else check_download_pair(pair)
     raw = raw_dir or download(pair, out)
     counts = check_raw(raw, pair)
-    check_prepared(out, raw, langs, counts, vocab_size)
+    digests = raw_digests(raw, langs)
+    check_prepared(out, raw, langs, counts, vocab_size, digests)
+    recorded = os.path.join(out, DIGESTS)
+    if not os.path.exists(recorded):
+        tmp = atomic_output(recorded)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(digests, f, indent=1)
+        commit(tmp, recorded)
     print(f"{pair}: {counts['train']} training, {counts['valid']} validation, "
           f"{counts['test']} test sentence pairs in {raw}", flush=True)
     model = os.path.join(out, "spm.model")

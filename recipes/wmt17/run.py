@@ -257,7 +257,7 @@ def run_prepare(args):
         if getattr(args, name) < 1:
             raise DataError(f"invalid --{name.replace('_', '-')}: {getattr(args, name)} "
                             "(must be an integer >= 1)")
-    if args.raw_dir:
+    if args.raw_dir is not None:  # "" too: not a folder, never the download
         wmt17.check_pair(args.pair)
         if not os.path.isdir(args.raw_dir):
             raise DataError(f"--raw-dir {args.raw_dir} is not a directory")
