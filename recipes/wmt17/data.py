@@ -271,7 +271,7 @@ def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size
     would skip them as done and keep them. The corpus is told by its files' digests, or where OUT
     was prepared before they were kept, by its line counts and references."""
     found = []
-    recorded = os.path.join(out, DIGESTS)
+    recorded, prepared_from = os.path.join(out, DIGESTS), None
     if os.path.exists(recorded):
         with open(recorded, encoding="utf-8") as f:
             prepared_from = json.load(f)
@@ -291,7 +291,7 @@ def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size
             lines = count_lines(bpe) if os.path.exists(bpe) else counts[split]
             if lines != counts[split]:
                 found.append(f"{bpe} of {lines} lines, not {counts[split]}")
-    for split in ("valid", "test") if not os.path.exists(recorded) else ():
+    for split in ("valid", "test") if prepared_from is None else ():  # digests say it for the references too
         ref = os.path.join(out, "ref", f"{split}.{langs[1]}")
         if os.path.exists(ref) and not filecmp.cmp(ref, os.path.join(raw, f"{split}.{langs[1]}"), shallow=False):
             found.append(f"{ref} of another corpus")
