@@ -42,12 +42,30 @@ def folder_with(*parts: str):
 
 
 def output_dir(text: str) -> str:
-    """A folder to write into: one that exists, or a path where one can be made."""
+    """A folder to write into: one that exists and can be written, or a path where one can be made
+    (tried, and the folders made for the try removed again: a folder is made by whoever writes
+    into it, so that a refused command leaves none behind)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path (give a folder)")
     blocked = _file_on_the_way(text)
     if blocked:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
+    missing, folder = [], os.path.abspath(text)
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    made = []
+    try:
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            made.append(folder)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{text}: cannot make {error.filename} ({error.strerror})") from None
+    finally:
+        for folder in reversed(made):
+            os.rmdir(folder)
+    if not missing and not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: a folder this user cannot write into")
     return text
 
 

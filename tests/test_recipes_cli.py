@@ -2,6 +2,7 @@
 naming the bad value, before any work."""
 
 import argparse
+import os
 
 import pytest
 
@@ -26,6 +27,15 @@ def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
     assert refusal(cli.output_file, str(a_file / "out" / "t.md")) == f"{a_file / 'out' / 't.md'}: {a_file} is a file, not a folder"
     assert refusal(cli.output_file, str(tmp_path)) == f"{tmp_path}: a folder (give the file's name)"
     assert refusal(cli.output_dir, "") == "an empty path (give a folder)"  # not the current folder, not a default
+    too_long = tmp_path / "new" / ("x" * 300)
+    assert refusal(cli.output_dir, str(too_long / "out")) == f"{too_long / 'out'}: cannot make {too_long} (File name too long)"
+    assert not (tmp_path / "new").exists()  # the folders made for the try are gone again
+    if os.path.isdir("/proc/self"):  # a folder no one, root included, can make folders in
+        assert refusal(cli.output_dir, "/proc/self/out") == "/proc/self/out: cannot make /proc/self/out (No such file or directory)"
+    if os.geteuid() != 0:  # root writes into any folder
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert refusal(cli.output_dir, str(locked)) == f"{locked}: a folder this user cannot write into"
 
 
 def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(tmp_path):

@@ -220,7 +220,38 @@ def test_bad_input_stops_before_anything_is_built(tmp_path, capsys):
         "e.g. iconv -f latin1 -t utf-8")
     assert not out.exists()
     (raw / "train.en").write_bytes(b"".join(line.replace(b"\n", b"\r\n") for line in lines))  # CRLF is fine
-    assert wmt17.check_raw(raw, "en-de")["train"] == 20
+    assert wmt17.check_raw(raw, "en-de").counts["train"] == 20
+
+
+def test_training_pairs_with_an_empty_side_are_left_out_and_counted(tmp_path, capsys):
+    """fairseq-preprocess would keep them, and fairseq-train would learn to answer a sentence with
+    nothing (or from nothing); validation and test lines stay, in their references' order."""
+    raw = write_corpus(tmp_path / "raw", {"train": 100, "valid": 5, "test": 5})
+    train = {lang: (raw / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")}
+    train["en"][2], train["de"][6], train["de"][7] = "", "  ", ""
+    for lang, lines in train.items():
+        (raw / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    valid = (raw / "valid.de").read_text(encoding="utf-8").splitlines()
+    (raw / "valid.de").write_text("\n".join(["", *valid[1:]]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80"])
+    assert "en-de: 97 training (3 more with an empty side left out, as Moses' clean-corpus-n does), 5 validation, " \
+        "5 test sentence pairs" in capsys.readouterr().out
+    kept = [i for i in range(100) if i not in (2, 6, 7)]
+    import sentencepiece as spm
+
+    pieces = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    for lang in ("en", "de"):
+        bpe = (out / "bpe" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        assert [pieces.decode(line.split()) for line in bpe] == [train[lang][i] for i in kept]
+    assert (out / "bpe" / "valid.de").read_text(encoding="utf-8").splitlines()[0] == ""
+    assert len((out / "bpe" / "valid.en").read_text(encoding="utf-8").splitlines()) == 5
+    wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80"])  # done
+    (raw / "train.en").write_text("ok\n" + "\n" * 99, encoding="utf-8")
+    (raw / "train.de").write_text("\n" + "gut\n" * 99, encoding="utf-8")
+    assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "none")) == (
+        f"wmt17: error: no pair of {raw / 'train.en'} and {raw / 'train.de'} has text on both sides: "
+        "the training corpus has no sentence pair")
 
 
 def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
@@ -353,6 +384,11 @@ def test_transformer_configurations_have_fairseqs_recipe(tmp_path, capsys):
     lstm = command("k64_pe")
     assert option(lstm, "--arch") == "lstm_memattn_wmt" and "--share-all-embeddings" not in lstm
     assert option(lstm, "--lr") == "1e-4" and option(lstm, "--batch-size") == "128"
+    # --dry-run prints only a command fairseq-train would start: a misspelt option is refused as it would be
+    with pytest.raises(SystemExit) as refused:
+        command("k64_pe", "--memory-kk", "8")
+    assert refused.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "wmt17: error: fairseq-train would refuse this command: unrecognized arguments: --memory-kk 8")
 
 
 # transformer_k64 at toy sizes (wmt17_toy.TINY_TRANSFORMER, 630 updates) on the toy en-fr corpus,
@@ -406,7 +442,7 @@ def test_download_step_detokenises_the_preprocessed_corpus(tmp_path, monkeypatch
     assert (out / "raw" / "train.de").read_text(encoding="utf-8") == "Das Haus, und der Baum.\n"
     assert echoed == [("wmt15", "en-de", "src", "valid.en"), ("wmt15", "en-de", "ref", "valid.de"),
                       ("wmt16", "en-de", "src", "test.en"), ("wmt16", "en-de", "ref", "test.de")]
-    assert wmt17.check_raw(raw, "en-de") == {"train": 1, "valid": 1, "test": 1}
+    assert wmt17.check_raw(raw, "en-de").counts == {"train": 1, "valid": 1, "test": 1}
     assert wmt17.test_sets("en-tr") == {"valid": "wmt16/dev", "test": "wmt16"}
 
 

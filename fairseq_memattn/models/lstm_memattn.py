@@ -7,10 +7,12 @@ is shared by both halves: the encoder builds its memory once per source, the
 decoder looks it up at every step.
 """
 
+import argparse
 import logging
 
 import torch
 from fairseq.models import (
+    ARCH_CONFIG_REGISTRY,
     FairseqEncoder,
     FairseqEncoderDecoderModel,
     FairseqIncrementalDecoder,
@@ -429,6 +431,23 @@ def warn_ignored_options(args, context_dim) -> None:
     if args.attention_dim is not None and args.attention_type != "additive":
         logger.warning(f"--attention-dim {args.attention_dim} ignored: only --attention-type additive has a layer "
                        f"of that size (this model: --attention-type {args.attention_type})")
+    memory_flags = memory_options_set(args) if args.attention_type != "memory" else []
+    if memory_flags:
+        logger.warning(f"{', '.join(memory_flags)} ignored: only --attention-type memory has a memory "
+                       f"(this model: --attention-type {args.attention_type})")
+
+
+def memory_options_set(args):
+    """The --memory-* options ARGS sets away from its architecture's defaults, written as given."""
+    defaults = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None), base_architecture)(defaults)
+    flags = []
+    for name, default in vars(defaults).items():
+        value = getattr(args, name, default)
+        if name.startswith("memory_") and value != default:
+            flag = name.replace("_", "-")
+            flags.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
+    return flags
 
 
 def check_sharing(args, task, context_dim):

@@ -246,7 +246,8 @@ def write_results(args, conversion_rows=()):
                 {m: run["log"]["curve"] for m, run in runs.items()})
     rows, signatures = converge.pair_rows(runs, "CPU")
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
-    minutes = {m: statistics.median(run["log"]["epoch_seconds"] or [0]) / 60 for m, run in runs.items()}
+    minutes = {m: statistics.median(run["log"]["epoch_seconds"]) / 60 for m, run in runs.items()
+               if run["log"]["epoch_seconds"]}
     models = ", ".join(PAIRS[args.pair][1:])
     lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
              "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "

@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from typing import Dict, Tuple
+from typing import Dict, FrozenSet, NamedTuple, Set, Tuple
 
 # The pairs the download step knows (the paper's); a user's own corpus may be any pair.
 PAIRS = ("en-cs", "en-de", "en-fi", "en-tr")
@@ -83,46 +83,65 @@ def count_lines(path: str) -> int:
         return sum(1 for _ in f)
 
 
-def check_raw(raw_dir: str, pair: str) -> Dict[str, int]:
-    """Sentence counts per split; a DataError for a missing file, sides of
-    different length or a split without any text, before anything is built."""
+class RawCorpus(NamedTuple):
+    counts: Dict[str, int]  # lines per side, by split
+    digests: Dict[str, str]  # each file's SHA-256, by name (train.en, ...)
+    empty_train: FrozenSet[int]  # training pairs (0-based) with a side without text: left out
+
+    def kept(self) -> Dict[str, int]:
+        """Sentence pairs per split once the empty training pairs are left out."""
+        return dict(self.counts, train=self.counts["train"] - len(self.empty_train))
+
+
+def check_raw(raw_dir: str, pair: str) -> RawCorpus:
+    """The raw corpus read once: a DataError for a missing file, sides of different length or a
+    split without any text, before anything is built."""
     langs = check_pair(pair)
     missing = [f"{s}.{lang}" for s in SPLITS for lang in langs
                if not os.path.isfile(os.path.join(raw_dir, f"{s}.{lang}"))]
     if missing:
         raise DataError(f"missing in {raw_dir}: {', '.join(missing)} (need train, valid and test "
                         f"files for both sides: {{train,valid,test}}.{{{','.join(langs)}}})")
-    counts = {}
+    counts, digests, empty_train = {}, {}, frozenset()
     for split in SPLITS:
         paths = [os.path.join(raw_dir, f"{split}.{lang}") for lang in langs]
-        n = [checked_lines(p, split) for p in paths]
-        if n[0] != n[1]:
-            raise DataError(f"{paths[0]} has {n[0]} lines but {paths[1]} has {n[1]}: "
+        (n, empty, digest), (n_tgt, empty_tgt, digest_tgt) = (read_raw(p, split) for p in paths)
+        if n != n_tgt:
+            raise DataError(f"{paths[0]} has {n} lines but {paths[1]} has {n_tgt}: "
                             "source and target must be parallel, one sentence per line")
-        counts[split] = n[0]
-    return counts
+        counts[split] = n
+        digests.update({os.path.basename(paths[0]): digest, os.path.basename(paths[1]): digest_tgt})
+        if split == "train":
+            empty_train = frozenset(empty | empty_tgt)
+            if len(empty_train) == n:
+                raise DataError(f"no pair of {paths[0]} and {paths[1]} has text on both sides: "
+                                "the training corpus has no sentence pair")
+    return RawCorpus(counts, digests, empty_train)
 
 
-def checked_lines(path: str, split: str) -> int:
-    """The lines of a raw file (each ended by \n, or \r\n); a DataError for a file without text, a
-    line that is not UTF-8, or a carriage return inside a line, where Python's and sacrebleu's readers
-    would start a new line and shift every sentence after it against the other side."""
-    lines, text = 0, False
+def read_raw(path: str, split: str) -> Tuple[int, Set[int], str]:
+    """A raw file's lines (each ended by \n, or \r\n), those without text (0-based) and its SHA-256;
+    a DataError for a file without text, a line that is not UTF-8, or a carriage return inside a
+    line, where Python's and sacrebleu's readers would start a new line and shift every sentence
+    after it against the other side."""
+    lines, empty, digest = 0, set(), hashlib.sha256()
     with open(path, "rb") as f:
         for lines, line in enumerate(f, 1):
+            digest.update(line)
             body = line.rstrip(b"\n")
             body = body[:-1] if body.endswith(b"\r") else body
             try:
-                text = body.decode("utf-8").strip() != "" or text
+                if not body.decode("utf-8").strip():
+                    empty.add(lines - 1)
             except UnicodeDecodeError as error:
                 raise DataError(f"{path} line {lines} is not UTF-8 (byte {body[error.start]:#04x}): convert "
                                 f"the file to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
             if b"\r" in body:
                 raise DataError(f"{path} line {lines} holds a carriage return (\\r) inside the line, which "
                                 f"readers take for a line break: remove it, e.g. tr -d '\\r'")
-    if not text:
+    if len(empty) == lines:
         raise DataError(f"{path} is empty: the {split} corpus has no text")
-    return lines
+    return lines, empty, digest.hexdigest()
 
 
 def atomic_output(path: str) -> str:
@@ -230,14 +249,16 @@ def learn_bpe(raw: str, langs, model: str, vocab_size: int):
     commit(tmp + ".model", model)
 
 
-def encode(model: str, source: str, path: str):
+def encode(model: str, source: str, path: str, leave_out: FrozenSet[int] = frozenset()):
+    """SOURCE in BPE pieces, one line per line but those LEAVE_OUT numbers (0-based)."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=model)
     tmp = atomic_output(path)
     with open(source, encoding="utf-8") as lines, open(tmp, "w", encoding="utf-8") as out:
-        for line in lines:
-            out.write(" ".join(processor.encode(line.strip(), out_type=str)) + "\n")
+        for number, line in enumerate(lines):
+            if number not in leave_out:
+                out.write(" ".join(processor.encode(line.strip(), out_type=str)) + "\n")
     commit(tmp, path)
 
 
@@ -254,16 +275,6 @@ def binarize(bpe_dir: str, langs, dest: str, workers: int):
 
 
 DIGESTS = "raw.sha256.json"  # in OUT: the raw files it was prepared from
-
-
-def raw_digests(raw: str, langs) -> Dict[str, str]:
-    """Each raw file's SHA-256, by name."""
-    digests = {}
-    for split in SPLITS:
-        for lang in langs:
-            with open(os.path.join(raw, f"{split}.{lang}"), "rb") as f:
-                digests[f"{split}.{lang}"] = hashlib.file_digest(f, "sha256").hexdigest()
-    return digests
 
 
 def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size: int, digests: Dict[str, str]):
@@ -310,16 +321,18 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
     Without ``raw_dir`` the pair's WMT'17 corpus is downloaded first."""
     langs = check_pair(pair) if raw_dir else check_download_pair(pair)
     raw = raw_dir or download(pair, out)
-    counts = check_raw(raw, pair)
-    digests = raw_digests(raw, langs)
-    check_prepared(out, raw, langs, counts, vocab_size, digests)
+    corpus = check_raw(raw, pair)
+    counts = corpus.kept()
+    check_prepared(out, raw, langs, counts, vocab_size, corpus.digests)
     recorded = os.path.join(out, DIGESTS)
     if not os.path.exists(recorded):
         tmp = atomic_output(recorded)
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(digests, f, indent=1)
+            json.dump(corpus.digests, f, indent=1)
         commit(tmp, recorded)
-    print(f"{pair}: {counts['train']} training, {counts['valid']} validation, "
+    left_out = (f" ({len(corpus.empty_train)} more with an empty side left out, as Moses' clean-corpus-n does)"
+                if corpus.empty_train else "")
+    print(f"{pair}: {counts['train']} training{left_out}, {counts['valid']} validation, "
           f"{counts['test']} test sentence pairs in {raw}", flush=True)
     model = os.path.join(out, "spm.model")
     bpe = os.path.join(out, "bpe")
@@ -328,7 +341,8 @@ def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SI
              for s in ("valid", "test")]
     steps.append((model, lambda path: learn_bpe(raw, langs, path, vocab_size)))
     steps += [(os.path.join(bpe, f"{s}.{lang}"),
-               lambda path, s=s, lang=lang: encode(model, os.path.join(raw, f"{s}.{lang}"), path))
+               lambda path, s=s, lang=lang: encode(model, os.path.join(raw, f"{s}.{lang}"), path,
+                                                   corpus.empty_train if s == "train" else frozenset()))
               for s in SPLITS for lang in langs]
     steps.append((os.path.join(out, "data-bin"), lambda path: binarize(bpe, langs, path, workers)))
     rebuilt = False

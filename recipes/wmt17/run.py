@@ -301,9 +301,14 @@ def main(argv: List[str] = None):
             command = train_command(args.pair, args.config, data,
                                     args.save_dir or os.path.join("checkpoints", "wmt17", args.pair, args.config),
                                     gpus, extra)
-            print(shlex.join(command), flush=True)
             if not args.dry_run:
+                print(shlex.join(command), flush=True)
                 raise SystemExit(subprocess.run(command).returncode)
+            try:  # what fairseq-train would refuse at once is refused here too, not printed as runnable
+                fairseq_train_options(command[1:])
+            except ValueError as error:
+                parser.error(f"fairseq-train would refuse this command: {error}")
+            print(shlex.join(command), flush=True)
             return
         if args.runs < 1:
             raise DataError(f"invalid --runs: {args.runs} (must be an integer >= 1)")
