@@ -9,7 +9,7 @@ Only command-line processes print it as one argparse-style line
 (``fairseq-generate: error: ...``) in place of the traceback: our console scripts through
 ``one_line_errors``, fairseq's command lines through the ``sys.excepthook`` of
 ``install_hook``, which the plugin installs only when one of them loads it through
-``--user-dir`` (``fairseq_command_line``). Every other exception keeps its traceback, and so
+``--user-dir`` (``fairseq_command_line``; fairseq-hydra-train included). Every other exception keeps its traceback, and so
 does ours with FAIRSEQ_MEMATTN_TRACEBACK=1.
 
 This module imports neither torch nor fairseq, so the runtime without them can raise it too.
@@ -93,6 +93,10 @@ def install_hook() -> None:
 
     hook.reports_user_errors = True
     sys.excepthook = hook
+    # fairseq-hydra-train: Hydra prints every exception of the job under a trimmed traceback itself
+    # and exits, unless HYDRA_FULL_ERROR is set; set, it re-raises, so that this hook sees ours
+    # (other errors then keep their whole traceback).
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
 
 @contextlib.contextmanager

@@ -125,24 +125,38 @@ HYDRA_MODELS = {
 }
 
 
+def hydra_config(tmp_path, model):
+    """fairseq-hydra-train's options for a copy-task run of MODEL's config, 3 updates into tmp_path."""
+    import json
+
+    task = {"_name": "copy_task", **{option[2:].replace("-", "_"): int(value)
+                                     for option, value in zip(TASK[2::2], TASK[3::2])}}
+    config = {"common": {"user_dir": PLUGIN_DIR, "cpu": True}, "task": task, "model": model,
+              "criterion": {"_name": "cross_entropy"}, "optimizer": {"_name": "adam"},
+              "lr_scheduler": {"_name": "fixed"}, "optimization": {"max_update": 3, "lr": [1e-3]},
+              "dataset": {"batch_size": 32}, "checkpoint": {"save_dir": str(tmp_path / "checkpoints")}}
+    (tmp_path / "run.yaml").write_text(json.dumps(config))  # YAML is a superset of JSON
+    return ["--config-dir", str(tmp_path), "--config-name", "run", f"hydra.run.dir={tmp_path / 'hydra'}"]
+
+
+def test_fairseq_hydra_train_reports_a_bad_option_in_one_line(tmp_path):
+    """Hydra prints a job's exception under its own trimmed traceback; ours ends the command as
+    fairseq-train's do, one argparse-style line and exit status 1."""
+    result = run("fairseq-hydra-train", *hydra_config(tmp_path, {"_name": "lstm_memattn", "dropout": 1.5}),
+                 check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "fairseq-hydra-train: error: invalid --dropout: 1.5 (must be in [0, 1))")
+
+
 @pytest.mark.parametrize("arch", HYDRA_MODELS)
 def test_fairseq_hydra_train_trains_resumes_and_its_checkpoint_decodes(arch, tmp_path):
     """fairseq-hydra-train hands the model a struct DictConfig, not fairseq-train's Namespace:
     the architecture's defaults must land in it (the checkpoint keeps them) and reach the model."""
-    import json
-
     import torch
 
     save_dir = tmp_path / "checkpoints"
-    task = {"_name": "copy_task", **{option[2:].replace("-", "_"): int(value)
-                                     for option, value in zip(TASK[2::2], TASK[3::2])}}
-    config = {"common": {"user_dir": PLUGIN_DIR, "cpu": True}, "task": task,
-              "model": {"_name": arch, **HYDRA_MODELS[arch]}, "criterion": {"_name": "cross_entropy"},
-              "optimizer": {"_name": "adam"}, "lr_scheduler": {"_name": "fixed"},
-              "optimization": {"max_update": 3, "lr": [1e-3]}, "dataset": {"batch_size": 32},
-              "checkpoint": {"save_dir": str(save_dir)}}
-    (tmp_path / "run.yaml").write_text(json.dumps(config))  # YAML is a superset of JSON
-    train = ["--config-dir", str(tmp_path), "--config-name", "run", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    train = hydra_config(tmp_path, {"_name": arch, **HYDRA_MODELS[arch]})
     run("fairseq-hydra-train", *train)
     resumed = run("fairseq-hydra-train", *train, "optimization.max_update=5")
     assert "Loaded checkpoint" in resumed.stdout + resumed.stderr
