@@ -10,7 +10,7 @@ import os
 
 def _file_on_the_way(path: str):
     """The first existing ancestor of ``path`` (itself included) that is not a folder, or None."""
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)  # as the system reads it: "link/.." is the parent of where the link leads
     while not os.path.exists(path):
         path = os.path.dirname(path)
     return None if os.path.isdir(path) else path
@@ -42,15 +42,15 @@ def folder_with(*parts: str):
 
 
 def output_dir(text: str) -> str:
-    """A folder to write into: one that exists and can be written, or a path where one can be made
-    (tried, and the folders made for the try removed again: a folder is made by whoever writes
-    into it, so that a refused command leaves none behind)."""
+    """A folder to write into: one that exists, or a path where one can be made (tried, and the
+    folders made for the try removed again: a folder is made by whoever writes into it, so that a
+    refused command leaves none behind)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path (give a folder)")
     blocked = _file_on_the_way(text)
     if blocked:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
-    missing, folder = [], os.path.abspath(text)
+    missing, folder = [], os.path.realpath(text)
     while not os.path.exists(folder):
         missing.append(folder)
         folder = os.path.dirname(folder)
@@ -64,8 +64,6 @@ def output_dir(text: str) -> str:
     finally:
         for folder in reversed(made):
             os.rmdir(folder)
-    if not missing and not os.access(text, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: a folder this user cannot write into")
     return text
 
 

@@ -292,8 +292,11 @@ def test_options_the_attention_does_not_use_are_said_to_be_ignored(caplog, overr
         build_model(**overrides)
     assert warning in caplog.text
     caplog.clear()
-    for unchanged in ({}, {"arch": "lstm_memattn_wmt", "attention_type": "additive", "memory_k": 64,
-                           "memory_position_encoding": True, "memory_encoder_score": "sigmoid"}):
-        with caplog.at_level(logging.WARNING):  # the WMT recipe's baseline keeps its architecture's memory defaults
+    # the recipes' baseline (lstm_memattn_wmt's memory defaults, the encodings switched off), from
+    # fairseq-train's --arch and from fairseq-hydra-train's _name
+    baseline = {"attention_type": "additive", "memory_k": 64, "memory_position_encoding": False,
+                "memory_encoder_score": "sigmoid"}
+    for unchanged in ({}, {"arch": "lstm_memattn_wmt", **baseline}, {"_name": "lstm_memattn_wmt", **baseline}):
+        with caplog.at_level(logging.WARNING):
             build_model(**unchanged)
         assert "ignored" not in caplog.text

@@ -30,12 +30,14 @@ def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
     too_long = tmp_path / "new" / ("x" * 300)
     assert refusal(cli.output_dir, str(too_long / "out")) == f"{too_long / 'out'}: cannot make {too_long} (File name too long)"
     assert not (tmp_path / "new").exists()  # the folders made for the try are gone again
-    if os.path.isdir("/proc/self"):  # a folder no one, root included, can make folders in
-        assert refusal(cli.output_dir, "/proc/self/out") == "/proc/self/out: cannot make /proc/self/out (No such file or directory)"
-    if os.geteuid() != 0:  # root writes into any folder
-        locked = tmp_path / "locked"
-        locked.mkdir(mode=0o500)
-        assert refusal(cli.output_dir, str(locked)) == f"{locked}: a folder this user cannot write into"
+    # "link/.." is the parent of where the link leads, for the checks as for the system
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "blocker").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "d" / "sub")
+    through_link = str(tmp_path / "link" / ".." / "blocker" / "out")
+    assert refusal(cli.output_dir, through_link) == f"{through_link}: {tmp_path / 'd' / 'blocker'} is a file, not a folder"
+    if os.path.isdir("/proc/1"):  # a folder no one, root included, can make folders in
+        assert refusal(cli.output_dir, "/proc/1/out") == "/proc/1/out: cannot make /proc/1/out (No such file or directory)"
 
 
 def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(tmp_path):

@@ -228,16 +228,17 @@ def test_training_pairs_with_an_empty_side_are_left_out_and_counted(tmp_path, ca
     nothing (or from nothing); validation and test lines stay, in their references' order."""
     raw = write_corpus(tmp_path / "raw", {"train": 100, "valid": 5, "test": 5})
     train = {lang: (raw / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")}
-    train["en"][2], train["de"][6], train["de"][7] = "", "  ", ""
+    # nothing left for sentencepiece either: a BOM before an empty first line, a zero-width space
+    train["en"][0], train["en"][2], train["de"][6], train["de"][7], train["de"][11] = "\ufeff", "", "  ", "", "\u200b"
     for lang, lines in train.items():
         (raw / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     valid = (raw / "valid.de").read_text(encoding="utf-8").splitlines()
     (raw / "valid.de").write_text("\n".join(["", *valid[1:]]) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80"])
-    assert "en-de: 97 training (3 more with an empty side left out, as Moses' clean-corpus-n does), 5 validation, " \
+    assert "en-de: 95 training (5 more with an empty side left out, as Moses' clean-corpus-n does), 5 validation, " \
         "5 test sentence pairs" in capsys.readouterr().out
-    kept = [i for i in range(100) if i not in (2, 6, 7)]
+    kept = [i for i in range(100) if i not in (0, 2, 6, 7, 11)]
     import sentencepiece as spm
 
     pieces = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))

@@ -438,15 +438,17 @@ def warn_ignored_options(args, context_dim) -> None:
 
 
 def memory_options_set(args):
-    """The --memory-* options ARGS sets away from its architecture's defaults, written as given."""
+    """The --memory-* options ARGS sets away from its architecture's defaults (fairseq-train's
+    --arch, fairseq-hydra-train's _name), written as given; a feature switched off is no loss."""
     defaults = argparse.Namespace()
-    ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None), base_architecture)(defaults)
+    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    ARCH_CONFIG_REGISTRY.get(arch, base_architecture)(defaults)
     flags = []
     for name, default in vars(defaults).items():
         value = getattr(args, name, default)
-        if name.startswith("memory_") and value != default:
-            flag = name.replace("_", "-")
-            flags.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
+        if name.startswith("memory_") and value != default and value is not False:
+            flag = "--" + name.replace("_", "-")
+            flags.append(flag if value is True else f"{flag} {value}")
     return flags
 
 

@@ -47,6 +47,7 @@ PREPROCESSED = "http://data.statmt.org/wmt17/translation-task/preprocessed/{xx}-
 SACREBLEU_SETS = {"valid": "wmt15", "test": "wmt16"}
 SACREBLEU_SETS_TR = {"valid": "wmt16/dev", "test": "wmt16"}
 VOCAB_SIZE = 16000
+SPM_NORMALIZATION = "nmt_nfkc"  # sentencepiece's default
 
 
 class DataError(ValueError):
@@ -120,10 +121,14 @@ def check_raw(raw_dir: str, pair: str) -> RawCorpus:
 
 
 def read_raw(path: str, split: str) -> Tuple[int, Set[int], str]:
-    """A raw file's lines (each ended by \n, or \r\n), those without text (0-based) and its SHA-256;
-    a DataError for a file without text, a line that is not UTF-8, or a carriage return inside a
-    line, where Python's and sacrebleu's readers would start a new line and shift every sentence
-    after it against the other side."""
+    """A raw file's lines (each ended by \n, or \r\n), those without text (0-based: nothing left
+    once sentencepiece has normalized it, as a BOM, a zero-width space or control characters alone)
+    and its SHA-256; a DataError for a file without text, a line that is not UTF-8, or a carriage
+    return inside a line, where Python's and sacrebleu's readers would start a new line and shift
+    every sentence after it against the other side."""
+    import sentencepiece as spm
+
+    normalize = spm.SentencePieceNormalizer(rule_name=SPM_NORMALIZATION).normalize
     lines, empty, digest = 0, set(), hashlib.sha256()
     with open(path, "rb") as f:
         for lines, line in enumerate(f, 1):
@@ -131,7 +136,7 @@ def read_raw(path: str, split: str) -> Tuple[int, Set[int], str]:
             body = line.rstrip(b"\n")
             body = body[:-1] if body.endswith(b"\r") else body
             try:
-                if not body.decode("utf-8").strip():
+                if not normalize(body.decode("utf-8")):
                     empty.add(lines - 1)
             except UnicodeDecodeError as error:
                 raise DataError(f"{path} line {lines} is not UTF-8 (byte {body[error.start]:#04x}): convert "
@@ -232,6 +237,7 @@ def learn_bpe(raw: str, langs, model: str, vocab_size: int):
         spm.SentencePieceTrainer.train(
             input=",".join(os.path.join(raw, f"train.{lang}") for lang in langs),
             model_prefix=tmp, model_type="bpe", vocab_size=vocab_size, character_coverage=1.0,
+            normalization_rule_name=SPM_NORMALIZATION,
             input_sentence_size=10_000_000, shuffle_input_sentence=True, num_threads=1,
             minloglevel=2)
     except RuntimeError as error:
