@@ -262,7 +262,7 @@ def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
     out = tmp_path / "out"
     wmt17_run.main(["prepare", "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "80"])
     before = snapshot(out)
-    remove = f"give another --out, or remove {out}"
+    remove = "give another --out, or remove what prepare built there (raw.sha256.json, spm.model, spm.vocab, ref, bpe, data-bin)"
     assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(out), "--vocab-size", "70") == (
         f"wmt17: error: --out {out} holds data prepared with other settings (spm.model of 80 pieces, "
         f"not --vocab-size 70): {remove}")
@@ -285,7 +285,7 @@ def test_prepare_refuses_an_out_prepared_otherwise(tmp_path, capsys):
     (out / wmt17.DIGESTS).rename(tmp_path / "digests")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(other), "--out", str(out), "--vocab-size", "80") == (
         f"wmt17: error: --out {out} holds data prepared with other settings ({out / 'ref' / 'valid.de'} of "
-        f"another corpus; {out / 'ref' / 'test.de'} of another corpus): {remove}")
+        f"another corpus; {out / 'ref' / 'test.de'} of another corpus): {remove.replace('raw.sha256.json, ', '')}")
     (tmp_path / "digests").rename(out / wmt17.DIGESTS)
     (tmp_path / "afile").write_text("")
     assert prepare_error(capsys, "en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "afile")) == (

@@ -316,9 +316,11 @@ def check_prepared(out: str, raw: str, langs, counts: Dict[str, int], vocab_size
     pair = "-".join(langs)
     if os.path.isdir(binarized) and not os.path.isfile(os.path.join(binarized, f"train.{pair}.{langs[0]}.idx")):
         found.append(f"{binarized} without {pair}")
-    if found:
+    if found:  # what prepare built, not the download (raw/, download/), which took hours to fetch
+        built = [name for name in (DIGESTS, "spm.model", "spm.vocab", "ref", "bpe", "data-bin")
+                 if os.path.exists(os.path.join(out, name))]
         raise DataError(f"--out {out} holds data prepared with other settings ({'; '.join(found[:3])}): "
-                        f"give another --out, or remove {out}")
+                        f"give another --out, or remove what prepare built there ({', '.join(built)})")
 
 
 def prepare(pair: str, out: str, raw_dir: str = None, vocab_size: int = VOCAB_SIZE,
