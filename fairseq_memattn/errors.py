@@ -8,9 +8,9 @@ program gets the exception as any other (it is a ``ValueError``).
 Only command-line processes print it as one argparse-style line
 (``fairseq-generate: error: ...``) in place of the traceback: our console scripts through
 ``one_line_errors``, fairseq's command lines through the ``sys.excepthook`` of
-``install_hook``, which the plugin installs only when one of them loads it through
-``--user-dir`` (``fairseq_command_line``; fairseq-hydra-train included). Every other exception keeps its traceback, and so
-does ours with FAIRSEQ_MEMATTN_TRACEBACK=1.
+``install_hook``, which the plugin installs only when one of them (fairseq-hydra-train too) loads
+it through ``--user-dir`` (``fairseq_command_line``). Every other exception keeps its traceback,
+and so does ours with FAIRSEQ_MEMATTN_TRACEBACK=1.
 
 This module imports neither torch nor fairseq, so the runtime without them can raise it too.
 """

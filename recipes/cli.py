@@ -8,12 +8,20 @@ import argparse
 import os
 
 
+def _missing_folders(path: str):
+    """The folders of ``path`` (itself included) that do not exist, deepest first, and its first
+    ancestor that does, as the system reads the path ("link/.." is the parent of where the link leads)."""
+    missing, path = [], os.path.realpath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing, path
+
+
 def _file_on_the_way(path: str):
     """The first existing ancestor of ``path`` (itself included) that is not a folder, or None."""
-    path = os.path.realpath(path)  # as the system reads it: "link/.." is the parent of where the link leads
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return None if os.path.isdir(path) else path
+    existing = _missing_folders(path)[1]
+    return None if os.path.isdir(existing) else existing
 
 
 def existing_file(text: str) -> str:
@@ -50,11 +58,7 @@ def output_dir(text: str) -> str:
     blocked = _file_on_the_way(text)
     if blocked:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
-    missing, folder = [], os.path.realpath(text)
-    while not os.path.exists(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    made = []
+    missing, made = _missing_folders(text)[0], []
     try:
         for folder in reversed(missing):
             os.mkdir(folder)
