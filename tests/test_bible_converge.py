@@ -261,6 +261,52 @@ def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, mo
     assert events[-len(models):] == [("test", model) for model in models]
 
 
+def test_jobs_trains_at_most_that_many_models_at_once_furthest_along_first(tmp_path, monkeypatch):
+    """--pair lstm --jobs 2, the trio on two cores: the two models furthest along train first (here the
+    variant, resumed after one epoch, then lstm_att), the third once one of them has stopped."""
+    import threading
+    import time
+
+    from recipes.bible import converge_cpu
+
+    prepared_data(tmp_path / "data")
+    paths = argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"))
+    resumed = "lstm_memattn_position_mean"
+    os.makedirs(converge_cpu.checkpoint_dir(paths, resumed))
+    open(os.path.join(converge_cpu.checkpoint_dir(paths, resumed), "checkpoint_last.pt"), "w").close()
+    os.makedirs(os.path.dirname(converge_cpu.log_path(paths, resumed)))
+    started, running, most, guard = [], set(), [0], threading.Lock()
+
+    def valid_line(epoch, loss):
+        return (f"2026-01-01 00:00:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss {loss} "
+                f"| nll_loss 1 | num_updates {10 * epoch}\n")
+
+    with open(converge_cpu.log_path(paths, resumed), "w") as f:
+        f.write(valid_line(1, 6.0))
+
+    def fake_fairseq(command, log, lock):
+        model = os.path.basename(os.path.dirname(log))
+        with guard:
+            started.append(model)
+            running.add(model)
+            most[0] = max(most[0], len(running))
+        time.sleep(0.3)
+        done = len(read_train_log(log)["curve"]) if os.path.isfile(log) else 0
+        with open(log, "a") as f:  # a better epoch, then a worse one: --patience 1 stops it
+            f.write(valid_line(done + 1, 4.0) + valid_line(done + 2, 4.5))
+        with guard:
+            running.discard(model)
+        return True
+
+    monkeypatch.setattr(converge_cpu, "run_fairseq", fake_fairseq)
+    monkeypatch.setattr(converge_cpu, "decode", lambda args, model: None)
+    monkeypatch.setattr(converge_cpu, "decode_test_alone", lambda args, model: None)
+    monkeypatch.setattr(converge_cpu, "write_results", lambda *args: None)
+    assert converge_cpu.main(["--pair", "lstm", "--patience", "1", "--jobs", "2", "--data", str(tmp_path / "data"),
+                              "--work", paths.work, "--out", paths.out]) == 0
+    assert started == [resumed, "lstm_att", "lstm_memattn"] and most[0] == 2
+
+
 def assert_length_rows(table, models):
     """Each model's test BLEU by source length, once, from the checkpoint its pair is compared on."""
     section = table.split("## Test BLEU by source length")[1].split("\n## ")[0]

@@ -12,7 +12,8 @@ LSTM gap's diagnosis points to, the same way (results/bible/converged/cpu_lstm/)
     nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &
 
 Safe to run again at any time: while a copy (or a fairseq-train it started) runs, another exits at
-once; a new one resumes each model from its checkpoint_last.pt and skips what is done. Pause with
+once; a new one resumes each model from its checkpoint_last.pt and skips what is done. ``--jobs N``
+trains at most N models at once (the LSTM trio on two cores: ``--jobs 2``). Pause with
 ``pkill -STOP -f fairseq_cli.train`` and go on with ``pkill -CONT -f fairseq_cli.train``. The table
 and the curves are written again after every round of epochs, so they grow as training goes;
 ``--report`` writes them from the logs so far at any time, also while a run goes on.
@@ -87,6 +88,12 @@ def checkpoint_dir(args, model):
 
 def best_checkpoint(args, model):
     return os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt")
+
+
+def epochs_validated(args, model):
+    """The epochs of MODEL's log with a validation (train counts them so too: one an epoch)."""
+    log = log_path(args, model)
+    return len(read_train_log(log)["curve"]) if os.path.isfile(log) else 0
 
 
 def orphaned_log(args, model):
@@ -304,6 +311,9 @@ def main(argv=None):
     p.add_argument("--convert-fractions", type=positive_number, nargs="+", default=converge.CONVERT_FRACTIONS,
                    help="--pair transformer: fine-tune the converted transformer for these fractions of its updates "
                         f"(default {' '.join(map(str, converge.CONVERT_FRACTIONS))})")
+    p.add_argument("--jobs", type=positive_int,
+                   help="models trained at once, one thread each (default: all of them); those furthest along "
+                        "start first, the next as one stops (--pair lstm --jobs 2: a core each on two cores)")
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
@@ -332,9 +342,17 @@ def main(argv=None):
 
     threads = {}
     outcome = {}
-    for model in models:
-        threads[model] = threading.Thread(
-            target=lambda m=model: outcome.update({m: train_and_decode(args, m, lock, on_round)}))
+    slots = threading.Semaphore(args.jobs or len(models))
+
+    def run(model):
+        try:
+            outcome[model] = train_and_decode(args, model, lock, on_round)
+        finally:
+            slots.release()
+
+    for model in sorted(models, key=lambda m: -epochs_validated(args, m)):  # stable: PAIRS' order among equals
+        slots.acquire()
+        threads[model] = threading.Thread(target=run, args=(model,))
         threads[model].start()
     for thread in threads.values():
         thread.join()
