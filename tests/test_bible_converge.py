@@ -499,7 +499,8 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
     variant gets a row after its pair, compared with the baseline on the checkpoint chosen for the two."""
     def run(test_bleu, valid_best, valid_average):
         test = {"bleu": test_bleu, "chrf": 40.0, "signatures": ["sig"]}
-        return {"log": {"stopped": "running", "updates": 100, "epochs": 2, "best_valid_loss": 4.0, "best_update": 100},
+        return {"log": {"stopped": "running", "updates": 100, "epochs": 2, "best_valid_loss": 4.0, "best_update": 100,
+                        "curve": [(50, 4.5), (100, 4.0)]},
                 "checkpoints": {"best": {"test": test, "valid": {"bleu": valid_best}},
                                 "average": {"test": {**test, "bleu": test_bleu + 1}, "valid": {"bleu": valid_average}}}}
 
@@ -512,5 +513,5 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
     assert [row.split(" | ")[-3:-1] for row in rows[1:]] == [["best", "-2.00"], ["average", "-0.50"]]
     # a run paused before its first validation: no loss yet, not the log reader's nan
     runs["lstm_memattn"] = {"log": {"stopped": "running", "updates": 0, "epochs": 0, "best_valid_loss": float("nan"),
-                                    "best_update": 0}, "checkpoints": {}}
+                                    "best_update": 0, "curve": []}, "checkpoints": {}}
     assert converge.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | still running | 0 | 0 |  |  |  |  |  |  |  |  |"

@@ -643,7 +643,7 @@ def pair_rows(runs, device):
             scores = [f"{tests[c][metric]:.2f}" if tests[c] else "" for c in ("best", "average")
                       for metric in ("bleu", "chrf")]
             cells = [model, device, STOPPED[log_["stopped"]], log_["updates"], log_["epochs"],
-                     f"{log_['best_valid_loss']:.3f} ({log_['best_update']})" if log_["epochs"] else "", *scores,
+                     f"{log_['best_valid_loss']:.3f} ({log_['best_update']})" if log_["curve"] else "", *scores,
                      chosen if tests[chosen] else "", delta,
                      f"{run['ms_per_token']:.2f}" if "ms_per_token" in run else ""]
             rows.append("| " + " | ".join(map(str, cells)) + " |")
