@@ -5,6 +5,7 @@ fairseq_memattn.arg_types. And the one form of a refusal to reuse results made w
 settings: ``changed``'s "--beam 30 (now 4)"."""
 
 import argparse
+import contextlib
 import os
 
 
@@ -61,13 +62,18 @@ def output_dir(text: str) -> str:
     missing, made = _missing_folders(text)[0], []
     try:
         for folder in reversed(missing):
-            os.mkdir(folder)
-            made.append(folder)
+            try:
+                os.mkdir(folder)
+                made.append(folder)
+            except FileExistsError:  # made meanwhile by a process beside this one (a driver's runs)
+                if not os.path.isdir(folder):
+                    raise
     except OSError as error:
         raise argparse.ArgumentTypeError(f"{text}: cannot make {error.filename} ({error.strerror})") from None
     finally:
         for folder in reversed(made):
-            os.rmdir(folder)
+            with contextlib.suppress(OSError):  # one beside it may be writing into it by now
+                os.rmdir(folder)
     return text
 
 

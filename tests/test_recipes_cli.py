@@ -40,6 +40,20 @@ def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
         assert refusal(cli.output_dir, "/proc/1/out") == "/proc/1/out: cannot make /proc/1/out (No such file or directory)"
 
 
+def test_an_output_folder_made_meanwhile_by_a_process_beside_it_passes_and_stays(tmp_path, monkeypatch):
+    """A driver starts its runs at once, each checking the same new --out: the one that loses the
+    race to make it is not refused, and does not remove the winner's folder."""
+    real_mkdir = os.mkdir
+
+    def beaten(path, *args):
+        real_mkdir(path, *args)  # the other process, first
+        raise FileExistsError(17, "File exists", path)
+
+    monkeypatch.setattr(os, "mkdir", beaten)
+    assert cli.output_dir(str(tmp_path / "out")) == str(tmp_path / "out")
+    assert (tmp_path / "out").is_dir()
+
+
 def test_paths_that_fit_pass_and_an_output_file_gets_its_folder_before_the_work(tmp_path):
     (tmp_path / "data-bin").mkdir()
     assert cli.folder_with("data-bin")(str(tmp_path)) == str(tmp_path)
