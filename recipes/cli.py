@@ -56,10 +56,10 @@ def output_dir(text: str) -> str:
     refused command leaves none behind)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path (give a folder)")
-    blocked = _file_on_the_way(text)
-    if blocked:
-        raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
-    missing, made = _missing_folders(text)[0], []
+    missing, existing = _missing_folders(text)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a folder")
+    made = []
     try:
         for folder in reversed(missing):
             try:
