@@ -271,13 +271,13 @@ def test_parallel_benchmark_gives_each_setting_the_same_outputs(trained, tmp_pat
     assert len(tokens) == 1 and "9 sentences" in out.read_text(), rows
 
 
-@pytest.mark.slow
 def interruptible():
     """SIGINT back to its default in the child: a shell runs background jobs with SIGINT ignored,
     children inherit that, and Python then never raises KeyboardInterrupt."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_what_was_printed(trained):
     _, folder = trained("attention")
     process = subprocess.Popen(translate_command(folder, "--plain"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -287,6 +287,7 @@ def test_ctrl_c_keeps_what_was_printed(trained):
     process.stdin.flush()
     first = process.stdout.readline()
     process.send_signal(signal.SIGINT)
+    process.stdin.close()  # see test_ctrl_c_at_start_up_exits_130_quietly
     assert process.wait(timeout=60) == 130
     assert first.strip() and "Traceback" not in process.stderr.read()
 
@@ -461,10 +462,11 @@ def test_ctrl_c_at_start_up_exits_130_quietly(trained, tmp_path, tool):
             assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
             time.sleep(0.05)
     process.send_signal(signal.SIGINT)
-    try:
-        assert process.wait(timeout=60) == 130
-    finally:
-        os.close(writer)
+    # A SIGINT that lands between Python's last signal check and the read it then blocks in is
+    # raised only when that read returns (an eighth of the time on two busy cores): the end of the
+    # file lets it return, and the exit must still be Ctrl-C's, not the short dictionary's error.
+    os.close(writer)
+    assert process.wait(timeout=60) == 130
     stdout, stderr = process.communicate()
     assert stdout == "" and stderr == "", stderr
 
