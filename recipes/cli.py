@@ -7,6 +7,7 @@ settings: ``changed``'s "--beam 30 (now 4)"."""
 import argparse
 import contextlib
 import os
+import pathlib
 
 
 def _missing_folders(path: str):
@@ -17,6 +18,23 @@ def _missing_folders(path: str):
         missing.append(path)
         path = os.path.dirname(path)
     return missing, path
+
+
+def _broken_link(path: str):
+    """The first of ``path``'s leading parts (itself included, as written) that is a link to
+    nothing, or None: no folder can be made through it."""
+    prefix = ""
+    for part in pathlib.PurePath(path).parts:
+        prefix = os.path.join(prefix, part)
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            return prefix
+    return None
+
+
+def _refuse_broken_link(text: str, path: str) -> None:
+    link = _broken_link(path)
+    if link:
+        raise argparse.ArgumentTypeError(f"{text}: {link} is a link to {os.readlink(link)}, which does not exist")
 
 
 def _file_on_the_way(path: str):
@@ -56,6 +74,7 @@ def output_dir(text: str) -> str:
     refused command leaves none behind)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path (give a folder)")
+    _refuse_broken_link(text, text)
     missing, existing = _missing_folders(text)
     if not os.path.isdir(existing):
         raise argparse.ArgumentTypeError(f"{text}: {existing} is a file, not a folder")
@@ -82,6 +101,7 @@ def output_file(text: str) -> str:
     the work is never lost to a missing folder."""
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text}: a folder (give the file's name)")
+    _refuse_broken_link(text, os.path.dirname(text))
     folder = os.path.dirname(os.path.abspath(text))
     blocked = _file_on_the_way(folder)
     if blocked:

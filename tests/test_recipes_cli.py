@@ -36,6 +36,13 @@ def test_paths_that_cannot_be_what_the_option_needs_are_named(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "d" / "sub")
     through_link = str(tmp_path / "link" / ".." / "blocker" / "out")
     assert refusal(cli.output_dir, through_link) == f"{through_link}: {tmp_path / 'd' / 'blocker'} is a file, not a folder"
+    # a link to nothing on the way: the system makes no folder through it
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "deeper")
+    for kind, text in ((cli.output_dir, tmp_path / "dangling"), (cli.output_dir, tmp_path / "dangling" / "out"),
+                       (cli.output_file, tmp_path / "dangling" / "out" / "t.md")):
+        assert refusal(kind, str(text)) == (f"{text}: {tmp_path / 'dangling'} is a link to "
+                                            f"{tmp_path / 'nowhere' / 'deeper'}, which does not exist")
+    assert not (tmp_path / "nowhere").exists()
     if os.path.isdir("/proc/1"):  # a folder no one, root included, can make folders in
         assert refusal(cli.output_dir, "/proc/1/out") == "/proc/1/out: cannot make /proc/1/out (No such file or directory)"
 
