@@ -117,7 +117,8 @@ def alignment_runs(tmp_path_factory):
              "--max-update", "2", "--no-save", "--seed", "1", "--num-workers", "0", "--no-progress-bar",
              "--load-alignments", "--criterion", CRITERION, "--alignment-lambda", "0.5"]
     hydra = [hydra_run(root, data, arch, sizes) for arch, sizes in TINY.items()]
-    results = run_together(*[("fairseq-train", str(data), "--arch", arch, *sizes, *train)
+    # each its own --save-dir: fairseq checks even a --no-save run's folder by writing a file into it
+    results = run_together(*[("fairseq-train", str(data), "--arch", arch, *sizes, *train, "--save-dir", str(root / arch))
                              for arch, sizes in TINY.items()], *hydra, check=False)
     return dict(zip([*TINY, *(f"{arch} hydra" for arch in TINY)], results))
 
@@ -135,7 +136,7 @@ def hydra_run(root, data, arch, sizes):
               "criterion": {"_name": CRITERION, "alignment_lambda": 0.5},
               "optimizer": {"_name": "adam"}, "lr_scheduler": {"_name": "fixed"},
               "optimization": {"max_update": 2, "lr": [1e-3]}, "dataset": {"batch_size": 8, "num_workers": 0},
-              "checkpoint": {"no_save": True}}
+              "checkpoint": {"no_save": True, "save_dir": str(root / f"{arch} hydra")}}
     (root / f"{arch}.yaml").write_text(json.dumps(config))  # YAML is a superset of JSON
     return ("fairseq-hydra-train", "--config-dir", str(root), "--config-name", arch,
             f"hydra.run.dir={root / 'hydra' / arch}")

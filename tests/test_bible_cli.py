@@ -239,7 +239,7 @@ def test_compare_train_says_where_a_failure_is_logged(tmp_path, capsys, monkeypa
     monkeypatch.setattr(compare, "run_logged", lambda command, log: 1)
     with pytest.raises(SystemExit) as stopped:
         compare.main(["train", "transformer", "--data", prepared_data(tmp_path / "data"), "--out",
-                      str(tmp_path / "out")])
+                      str(tmp_path / "out"), "--checkpoints", str(tmp_path / "c")])
     log = tmp_path / "out" / "transformer" / "train.log"
     assert stopped.value.code == 1 and capsys.readouterr().err == f"fairseq-train failed (exit 1): see {log}\n"
 

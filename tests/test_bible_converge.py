@@ -41,7 +41,7 @@ def driver_run(own_pair_recipe, tmp_path_factory):
     ran = driver("run", "--bundle", str(bundle), "--out", str(out), "--work", str(tmp / "work"), "--cpu",
                  "--models", *DRIVER_MODELS, "--smoke-updates", "1", "--max-update", "60", "--minutes", "15",
                  "--decode-minutes", "2", "--train-args", "--max-tokens 1000 --batch-size 100 " + TOY_SIZES,
-                 "--generate-args", "--max-len-b 5")
+                 "--generate-args", "--max-len-b 5", timeout=1200)  # beyond --minutes 15
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     with tarfile.open(out / converge.ARCHIVE) as tar:
         names = set(tar.getnames())

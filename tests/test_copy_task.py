@@ -31,7 +31,7 @@ def test_same_examples_in_another_process():
     code = ("from fairseq_memattn.tasks.copy_task import CopyTaskConfig, copy_examples;"
             "print(copy_examples(CopyTaskConfig(copy_max_len=7, copy_valid_size=50), 'valid'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": REPO}).stdout
+                         env={**os.environ, "PYTHONPATH": REPO}, timeout=300).stdout
     assert out.strip() == str(copy_examples(cfg, "valid"))
     assert copy_examples(cfg, "valid") != copy_examples(cfg, "test")  # splits differ
     assert copy_examples(CopyTaskConfig(copy_max_len=7, copy_valid_size=50, copy_seed=2), "valid") \
@@ -106,7 +106,8 @@ def test_unknown_split():
 @pytest.mark.parametrize("option, value, minimum", [("--copy-vocab-size", "0", 1), ("--copy-seed", "-1", 0)])
 def test_export_command_rejects_bad_values(tmp_path, option, value, minimum):
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.tasks.copy_task", "--out-dir", str(tmp_path),
-                             option, value], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+                             option, value], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO},
+                            timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"copy_task.py: error: argument {option}: invalid value {value} (must be an integer >= {minimum})")
@@ -119,7 +120,7 @@ def test_export_command_runs_without_warnings(tmp_path):
     result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "fairseq_memattn.tasks.copy_task",
                              "--out-dir", str(tmp_path), "--copy-max-len", "3", "--copy-train-size", "5",
                              "--copy-valid-size", "2", "--copy-test-size", "2"], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": REPO})
+                            env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Warning" not in result.stderr, result.stderr[-2000:]
     assert result.stdout == f"wrote train, valid, test to {tmp_path}\n"

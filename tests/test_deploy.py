@@ -477,10 +477,12 @@ def test_a_closed_standard_output_ends_quietly(trained):
     _, folder = trained("attention")
     process = subprocess.Popen(translate_command(folder, "--plain"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=clean_env(), cwd=REPO)
-    process.stdin.write(b"3 1\n" * 200)
-    process.stdin.close()
+    process.stdin.write(b"3 1\n")
+    process.stdin.flush()
     assert process.stdout.readline().strip()
-    process.stdout.close()
+    process.stdout.close()  # before the next line is read: its translation is written to a closed pipe
+    process.stdin.write(b"3 1\n")
+    process.stdin.close()
     assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""
 

@@ -96,9 +96,9 @@ def test_server_answers_concurrent_clients_as_the_translator_does(server, traine
             assert [h["score"] for h in hypotheses] == pytest.approx([h["score"] for h in expected], abs=1e-5)
             if body["alignment"]:
                 assert [h["alignment"] for h in hypotheses] == [[list(p) for p in h["alignment"]] for h in expected]
-    with urllib.request.urlopen(f"{url}/health") as response:
+    with urllib.request.urlopen(f"{url}/health", timeout=60) as response:
         assert json.load(response) == {"status": "ok"}
-    with urllib.request.urlopen(f"{url}/info") as response:
+    with urllib.request.urlopen(f"{url}/info", timeout=60) as response:
         assert json.load(response)["config"] == translator.config
 
 

@@ -89,12 +89,16 @@ def check_ranks(dumps, log, min_loss_drop=MIN_LOSS_DROP):
 def test_two_processes_gloo_train_identically(tmp_path, train, min_loss_drop):
     port = free_port()
     dump = str(tmp_path / "rank{rank}.pt")
-    procs = [subprocess.Popen(
-        [sys.executable, RANK_SCRIPT, dump, *train, *CPU_FLAGS, "--save-dir", str(tmp_path / "ckpt"),
-         "--distributed-rank", str(rank), "--distributed-init-method", f"tcp://127.0.0.1:{port}"],
-        env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in (0, 1)]
-    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    logs, procs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)], []
+    for rank, log in enumerate(logs):  # files, not pipes: a rank blocked on a full pipe would stall both
+        with open(log, "w") as output:
+            procs.append(subprocess.Popen(
+                [sys.executable, RANK_SCRIPT, dump, *train, *CPU_FLAGS, "--save-dir", str(tmp_path / "ckpt"),
+                 "--distributed-rank", str(rank), "--distributed-init-method", f"tcp://127.0.0.1:{port}"],
+                env=clean_env(OMP_NUM_THREADS="1"), stdout=output, stderr=subprocess.STDOUT))
+    for proc in procs:
+        proc.wait(timeout=300)
+    logs = [log.read_text() for log in logs]
     for proc, log in zip(procs, logs):
         assert proc.returncode == 0, log[-3000:]
     check_ranks([tmp_path / "rank0.pt", tmp_path / "rank1.pt"], logs[0], min_loss_drop)

@@ -235,7 +235,7 @@ def test_cli_exports_a_checkpoint_that_holds_args_without_debug_lines(trained, t
     torch.save(state, tmp_path / "legacy.pt")
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(tmp_path / "legacy.pt"),
                              str(tmp_path / "onnx"), "--short-source-rows", str(SHORT_SOURCE_ROWS)],
-                            env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
+                            env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "DEBUG" not in result.stderr, result.stderr[-2000:]
     assert (tmp_path / "onnx" / "decoder.onnx").read_bytes() == (onnx / "decoder.onnx").read_bytes()
@@ -257,7 +257,7 @@ def test_cli_round_trips_raw_text_with_sentencepiece(trained, tmp_path):
     out = tmp_path / "onnx"
     result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export", str(checkpoint), str(out),
                              "--sentencepiece-model", str(tmp_path / "spm.model")],
-                            env=clean_env(), cwd=REPO, capture_output=True, text=True)
+                            env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (out / "spm.model").exists()
     text = "314\n59\n"
@@ -301,7 +301,7 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
         run("fairseq-train", "--user-dir", PLUGIN_DIR, *TASK, *flags, *train_few, "--save-dir", str(tmp_path / name))
         result = subprocess.run([sys.executable, "-m", "fairseq_memattn.export",
                                  str(tmp_path / name / "checkpoint_best.pt"), str(tmp_path / "out")],
-                                env=clean_env(), cwd=REPO, capture_output=True, text=True)
+                                env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 2
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("fairseq-memattn-export: error:") and message in last, result.stderr

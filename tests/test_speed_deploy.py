@@ -48,7 +48,8 @@ def test_one_tiny_cell_end_to_end(tmp_path):
     command = [sys.executable, "-m", "recipes.speed.deploy", "--vocab", "20", "--memory-k", "4", "--source-lens",
                "--copy-lens", "5", "--sources", "2", "--beam", "2", "--threads", "1", "--engines", "onnx-f32",
                "--repeats", "1", "--workdir", str(tmp_path / "work"), "--rows", str(rows), "--out", str(tmp_path / "x.md")]
-    result = subprocess.run(command, env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(command, env=clean_env(OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     [row] = [json.loads(line) for line in rows.read_text().splitlines()]
     assert (row["engine"], row["S"], row["T"], row["output_tokens"]) == ("onnx-f32", 5, 5, 2 * 5)
