@@ -3,6 +3,7 @@ is built, converted or timed; what they reuse from an earlier run (a --workdir's
 or --rows's times) is what this run asks for."""
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -120,6 +121,28 @@ def test_serve_refuses_bad_numbers(argv, message, capsys):
 ])
 def test_parallel_refuses_bad_options(argv, message, a_file, capsys):
     assert refusal(parallel.main, ["--export", "EXPORT", "--input", str(a_file), *argv], capsys).endswith(message)
+
+
+def test_ctranslate2_is_asked_for_before_any_work_where_it_is_not_installed(tmp_path, a_file, monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "ctranslate2"
+                        else find_spec(name, *rest))
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "model.bin").write_text("x")
+    assert refusal(parallel.main, ["--ct2", str(tmp_path / "ct2"), "--input", str(a_file)], capsys).endswith(
+        "error: --ct2 needs CTranslate2, which is not installed: pip install ctranslate2")
+    grid = ["--engines", "ct2-f32", "onnx-f32", "ct2-int8", "--source-lens", "5", "--copy-lens", "--threads", "1"]
+    assert refusal(deploy.main, [*grid, "--workdir", str(tmp_path / "work")], capsys).endswith(
+        "error: --engines ct2-f32 ct2-int8 needs CTranslate2, which is not installed: pip install ctranslate2, "
+        "or leave them out of --engines")
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_ctranslate2_folder_it_cannot_load_is_one_line(tmp_path, a_file, capsys):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional engine")
+    (tmp_path / "model.bin").write_text("not a model")
+    assert f"error: argument --ct2: {tmp_path}: CTranslate2 cannot load it (" in refusal(
+        parallel.main, ["--ct2", str(tmp_path), "--input", str(a_file)], capsys)
 
 
 def test_a_missing_or_wrong_export_folder_is_one_line(tmp_path, a_file, capsys):

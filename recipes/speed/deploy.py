@@ -47,7 +47,7 @@ import numpy as np
 from fairseq_memattn.cli import log_to_stderr
 from fairseq_memattn.arg_types import positive_int, positive_number
 from recipes.cli import check, existing_dir, existing_file, folder_with, output_dir, output_file
-from recipes.speed.options import changed
+from recipes.speed.options import changed, require_ctranslate2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -111,6 +111,9 @@ def parse_args(argv=None):
                 "time it without --split")
     if args.worker:
         return args
+    ct2 = [engine for engine in args.engines if engine.startswith("ct2-")]
+    if ct2:
+        require_ctranslate2(p, f"--engines {' '.join(ct2)}", ", or leave them out of --engines")
     check_models(p, args)
     args.workdir = os.path.abspath(args.workdir)  # the export runs in the repository's folder
     args.earlier_rows = earlier_rows(p, args)

@@ -2,6 +2,8 @@
 any timing, and the settings measurements were made with, compared on reuse."""
 
 import argparse
+import importlib
+import importlib.util
 
 from recipes import cli
 
@@ -12,6 +14,23 @@ def load_export(p: argparse.ArgumentParser, folder: str, threads=None):
     from fairseq_memattn.cli.deploy_options import load
 
     return load(p, argparse.Namespace(model=folder, threads=threads, bpe=None, sentencepiece_model=None))
+
+
+def require_ctranslate2(p: argparse.ArgumentParser, needed_by: str, otherwise: str = ""):
+    """The ctranslate2 module, or p.error's one line: NEEDED_BY (the options) need it, how to install
+    it, and OTHERWISE (how to do without)."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        p.error(f"{needed_by} needs CTranslate2, which is not installed: pip install ctranslate2{otherwise}")
+    return importlib.import_module("ctranslate2")
+
+
+def check_ct2_model(p: argparse.ArgumentParser, folder: str):
+    """A CTranslate2 model folder loaded once, or refused on one line, before any timing."""
+    ctranslate2 = require_ctranslate2(p, "--ct2")
+    try:
+        ctranslate2.Translator(folder, device="cpu")
+    except (RuntimeError, ValueError) as error:
+        p.error(f"argument --ct2: {folder}: CTranslate2 cannot load it ({error})")
 
 
 def changed(recorded: dict, current: dict) -> str:

@@ -27,7 +27,7 @@ import time
 
 from fairseq_memattn.arg_types import positive_int
 from recipes.cli import existing_file, folder_with, output_file
-from recipes.speed.options import load_export
+from recipes.speed.options import check_ct2_model, load_export
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_LEN = 200
@@ -51,6 +51,8 @@ def parse_args(argv=None):
         p.error("give at least one model folder (--ct2 or --export)")
     for folder in args.export:  # a broken one would fail only in its worker, after the others' timings
         load_export(p, folder)
+    for folder in args.ct2:
+        check_ct2_model(p, folder)
     try:
         with open(args.input, encoding="utf-8") as f:
             if not any(line.strip() for line in f):
