@@ -14,19 +14,26 @@ plain translation does not need and does not do.
 """
 
 import contextlib
+import dataclasses
+import difflib
 import os
 
 import torch
 
 from fairseq import hub_utils
+from fairseq.dataclass.configs import GenerationConfig
 from fairseq.hub_utils import GeneratorHubInterface
 
 from . import register
 from .checkpoint_fit import overrides_given_as
 from .errors import UserError
 from .models.memory_options import position_encoding_limit, source_too_long
+from .search_settings import check_search_settings
 
 
+# generate()'s keyword arguments: GeneratorHubInterface.generate's own, and the search's settings
+GENERATE_SETTINGS = {"skip_invalid_size_inputs", "inference_step_args", "prefix_allowed_tokens_fn",
+                     *(field.name for field in dataclasses.fields(GenerationConfig))}
 # fairseq's translation task, given no source_lang / target_lang and a data folder without its binarized splits
 NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
 
@@ -102,6 +109,11 @@ def not_a_model_folder(path: str, checkpoint_file: str) -> UserError:
                      f"checkpoint_file={checkpoint_file!r})")
 
 
+def with_close_match(name: str) -> str:
+    close = difflib.get_close_matches(name, GENERATE_SETTINGS, 1)
+    return f"{name} (did you mean {close[0]}?)" if close else name
+
+
 @contextlib.contextmanager
 def attention_returned(models):
     """Our decoders return their attention (as with --print-alignment) inside the block; fairseq's
@@ -123,6 +135,7 @@ class MemAttnHubInterface(GeneratorHubInterface):
         for "hard" as the bare --print-alignment flag) each hypothesis also has
         "alignment" (hard: (source, target) token index pairs, without EOS) and
         "attention" (source x target weights)."""
+        self.check_settings(beam, kwargs)
         if not kwargs.get("skip_invalid_size_inputs"):
             self.check_lengths(tokenized_sentences)
         if kwargs.get("print_alignment") is True:
@@ -134,6 +147,16 @@ class MemAttnHubInterface(GeneratorHubInterface):
             return super().generate(tokenized_sentences, beam, verbose, **kwargs)
         with attention_returned(self.models):
             return super().generate(tokenized_sentences, beam, verbose, **kwargs)
+
+    def check_settings(self, beam, kwargs):
+        """The search's settings, before fairseq's beam search fails on them deep inside (beam=0:
+        a reshape of 0 elements) or ignores one (a misspelt name is a new attribute to it)."""
+        unknown = sorted(set(kwargs) - GENERATE_SETTINGS)
+        if unknown:
+            raise UserError(f"unknown generation setting(s): {'; '.join(map(with_close_match, unknown))} (the "
+                            "settings are fairseq's GenerationConfig fields: fairseq-generate's options with '_')")
+        given = {**kwargs, "beam": beam}
+        check_search_settings(lambda name: given.get(name, getattr(self.cfg.generation, name, None)), str)
 
     def check_lengths(self, tokenized_sentences):
         """A source longer than the position encodings' S (Eq. 10) stops here, naming the

@@ -115,6 +115,15 @@ def duplicates(values):
     return sorted({v for v in values if values.count(v) > 1}, key=values.index)
 
 
+def refuse_duplicates(parser, args, *names):
+    """PARSER's one line for a list option (args.NAME) that gives a value more than once: it would
+    be measured, trained or reported twice."""
+    for name in names:
+        twice = duplicates(getattr(args, name) or [])
+        if twice:
+            parser.error(f"argument --{name.replace('_', '-')}: {', '.join(map(str, twice))} given more than once")
+
+
 def check(parser, option, kind, value):
     """KIND(VALUE) for a type that depends on other options (the files of the chosen language
     pair, say), so it is applied after parsing; its refusal is PARSER's one line naming OPTION."""

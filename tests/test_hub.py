@@ -142,6 +142,27 @@ def test_alignments_are_beta_alpha_transposed(model):
         model.generate(source, beam=10, print_alignment="bogus")
 
 
+@pytest.mark.parametrize("settings, message", [
+    (dict(beam=0), "invalid beam: 0 (must be an integer >= 1)"),
+    (dict(beam="5"), "invalid beam: '5' (must be an integer >= 1)"),
+    (dict(beam=2.5), "invalid beam: 2.5 (must be an integer >= 1)"),
+    (dict(lenpen=float("nan")), "invalid lenpen: nan (must be a finite number)"),
+    (dict(temperature=0.0), "invalid temperature: 0 (must be a finite number > 0)"),
+    (dict(diverse_beam_groups=3), "invalid diverse_beam_groups: 3 (must be a divisor of beam 5, or -1 for none)"),
+    (dict(sampling=True, match_source_len=True), "sampling and match_source_len choose other searches"),
+    (dict(max_len_a=-1.0), "invalid max_len_a: -1 (must be a finite number >= 0)"),
+    (dict(max_len_b=-5), "invalid max_len_b: -5 (must be an integer >= 0)"),
+    (dict(min_len=500), "invalid max_len_b: 200 (must be >= min_len 500)"),
+    (dict(beem=5), "unknown generation setting(s): beem (did you mean beam?) (the settings are fairseq's"),
+])
+def test_search_settings_fairseq_would_fail_on_or_ignore_are_named(model, settings, message):
+    """Before the search: fairseq's beam search fails deep inside on them (beam=0: a reshape of 0
+    elements), ranks by NaN, or takes a misspelt name as a new attribute and ignores it."""
+    with pytest.raises(ValueError) as refused:
+        model.translate(SENTENCES[1], **{"beam": 5, **settings})
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
 def test_alignments_only_for_the_call_that_asks(model):
     """translate() does not pay for alignments: the decoders go back to not
     returning attention, as fairseq-generate without --print-alignment."""

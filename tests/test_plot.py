@@ -343,24 +343,30 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("layer_of_an_lstm", "--layer/--head choose a read of a transformer_memattn decoder layer"),
     ("zero_dpi", "invalid --dpi: 0 (must be >= 1)"),
     ("huge_dpi", "invalid --dpi: 100000 (must be <= 1200)"),
-    ("zero_beam", "invalid --beam: 0 (must be >= 1)"),
-    ("negative_max_len", "invalid --max-len-b: -5 (must be >= --min-len 1)"),
+    ("zero_beam", "invalid --beam: 0 (must be an integer >= 1)"),
+    ("max_len_below_min_len_option", "invalid --max-len-b: 3 (must be >= --min-len 4)"),
     ("negative_max_len_a", "invalid --max-len-a: -1 (must be a finite number >= 0)"),
     ("nan_max_len_a", "invalid --max-len-a: nan (must be a finite number >= 0)"),
-    ("negative_max_len_b", "invalid --max-len-b: -5 (must be >= 0)"),
-    ("negative_min_len", "invalid --min-len: -2 (must be >= 0)"),
+    ("negative_max_len_b", "invalid --max-len-b: -5 (must be an integer >= 0)"),
+    ("negative_min_len", "invalid --min-len: -2 (must be an integer >= 0)"),
+    ("zero_temperature", "invalid --temperature: 0 (must be a finite number > 0)"),
+    ("nan_unkpen", "invalid --unkpen: nan (must be a finite number)"),
+    ("groups_not_dividing_the_beam", "invalid --diverse-beam-groups: 3 (must be a divisor of --beam 5, or -1 for none)"),
+    ("prefix", "--prefix-size: not taken by fairseq-memattn-plot, which plots the search's best hypothesis"),
+    ("constraints", "--constraints: not taken by fairseq-memattn-plot"),
+    ("overrides", "invalid --model-overrides: '{bad' (must be a Python dict, e.g."),
     # 0.1 x the source's at most 7 tokens rounds down to 0: fairseq asserted min_len <= max_len
     ("max_len_below_min_len", "--min-len 1 is more than the 0 tokens --max-len-a 0.1 and --max-len-b 0 "
                               "allow for this source of "),
     ("output_folder", "is a folder: give the image's file name in it"),
-    ("output_unwritable", "cannot write --output '/dev/null/figure.png': File exists"),
+    ("output_in_a_file", "--output '/dev/null/figure.png': /dev/null is a file, not a folder"),
 ])
 def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, capsys, case,
                                                       expected):
     output = tmp_path / ("figure.bmpx" if case == "bad_extension" else "figure.png")
     if case == "output_folder":
         output.mkdir()
-    elif case == "output_unwritable":  # found when the image is saved, after decoding
+    elif case == "output_in_a_file":
         output = "/dev/null/figure.png"
     path = {"missing": str(tmp_path / "nope.pt"), "folder": str(tmp_path), "no_attention": checkpoints["none"],
             "layer_out_of_range": checkpoints["transformer"],
@@ -368,9 +374,12 @@ def test_bad_input_gives_a_clear_message_and_no_image(checkpoints, tmp_path, cap
     example = {"out_of_range": "20", "negative": "-1"}.get(case, "0")
     read = {"layer_out_of_range": ["--layer", "2"], "head_out_of_range": ["--head", "2"],
             "layer_of_an_lstm": ["--layer", "0"], "zero_dpi": ["--dpi", "0"], "huge_dpi": ["--dpi", "100000"], "zero_beam": ["--beam", "0"],
-            "negative_max_len": ["--max-len-b", "-5"], "negative_max_len_a": ["--max-len-a", "-1"],
+            "max_len_below_min_len_option": ["--min-len", "4", "--max-len-b", "3"],
+            "negative_max_len_a": ["--max-len-a", "-1"],
             "nan_max_len_a": ["--max-len-a", "nan"], "negative_max_len_b": ["--max-len-a", "1", "--max-len-b", "-5"],
-            "negative_min_len": ["--min-len", "-2"],
+            "negative_min_len": ["--min-len", "-2"], "zero_temperature": ["--temperature", "0"],
+            "nan_unkpen": ["--unkpen", "nan"], "groups_not_dividing_the_beam": ["--beam", "5", "--diverse-beam-groups", "3"],
+            "prefix": ["--prefix-size", "1"], "constraints": ["--constraints"], "overrides": ["--model-overrides", "{bad"],
             "max_len_below_min_len": ["--max-len-a", "0.1", "--max-len-b", "0"]}.get(case, [])
     with pytest.raises(SystemExit) as exit_info:
         plot_cli.main(plot_args(path, output, "--example-id", example, *read))

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from recipes.speed import benchmark, deploy, overview_plot, parallel, profile_export, serve, transformer_decode
+from recipes.speed import (benchmark, deploy, overview_plot, parallel, profile_export, report, serve,
+                           transformer_decode)
 
 DECODE_HEADER = "model,label,L,sources,beam,repeats,seconds,ms_per_step,bytes_per_hypothesis\n"
 
@@ -45,6 +46,13 @@ def test_benchmark_bad_options_are_named(tmp_path, a_file, capsys):
         "invalid --min-cell-seconds: -1.0 (must be >= 0)")
     assert refusal(benchmark.main, ["--out", str(a_file)], capsys).endswith(
         f"argument --out: {a_file}: {a_file} is a file, not a folder")
+    # a value twice would be timed twice, and one of the two rows reported
+    assert refusal(benchmark.main, ["--out", out, "--models", "k1", "noatt", "k1"], capsys).endswith(
+        "argument --models: k1 given more than once")
+    assert refusal(benchmark.main, ["--out", out, "--lengths", "2", "2"], capsys).endswith(
+        "argument --lengths: 2 given more than once")
+    assert refusal(benchmark.main, ["--out", out, "--min-cell-seconds", "10", "--max-cell-seconds", "1"],
+                   capsys).endswith("--min-cell-seconds 10 is more than --max-cell-seconds 1")
 
 
 def test_benchmark_does_not_add_to_a_table_measured_with_other_settings(tmp_path, capsys):
@@ -59,6 +67,15 @@ def test_benchmark_does_not_add_to_a_table_measured_with_other_settings(tmp_path
     # a run that adds no decoding times is not held to their settings
     args = benchmark.parse_args(["--out", str(tmp_path), "--lengths", "--train-batch-size", "4"])
     assert args.settings["train"] == {"train_batch_size": 4, "threads": 1}
+
+
+def test_transformer_decode_refuses_a_run_that_would_time_nothing(capsys):
+    assert refusal(transformer_decode.main, ["--max-cell-seconds", "nan"], capsys).endswith(
+        "argument --max-cell-seconds: invalid value nan (must be a finite number > 0)")
+    assert refusal(transformer_decode.main, ["--source-lens", "--copy-lens", "--train-len", "0"], capsys).endswith(
+        "nothing to time: give lengths to --source-lens or --copy-lens, or a --train-len")
+    assert refusal(transformer_decode.main, ["--copy-lens", "50", "50"], capsys).endswith(
+        "argument --copy-lens: 50 given more than once")
 
 
 # --- the reports' files ---------------------------------------------------------------
@@ -86,10 +103,17 @@ def test_overview_plot_refuses_what_is_not_a_decode_csv_or_an_image(tmp_path, ca
     assert refusal(overview_plot.main, [str(speed_md), "x.png"], capsys).endswith(
         f"{speed_md}: not a decode.csv of recipes.speed.benchmark (no column model, label, L, sources, beam, "
         "seconds, ms_per_step, bytes_per_hypothesis)")
-    broken = tmp_path / "broken.csv"
-    broken.write_text(DECODE_HEADER + "k32,K=32,10,20,10,3,fast,1.0,100\n")
-    assert refusal(overview_plot.main, [str(broken), "x.png"], capsys).endswith(
-        f"{broken}: line 2 is not a row of recipes.speed.benchmark's numbers")
+    for row in ("k32,K=32,10,20,10,3,fast,1.0,100", "k32,K=32,10,20,10,3,nan,1.0,100"):  # nan: no log scale
+        broken = tmp_path / "broken.csv"
+        broken.write_text(DECODE_HEADER + row + "\n")
+        assert refusal(overview_plot.main, [str(broken), "x.png"], capsys).endswith(
+            f"{broken}: line 2 is not a row of recipes.speed.benchmark's numbers")
+    garbage = tmp_path / "garbage"
+    (garbage / "decode.csv").parent.mkdir()
+    (garbage / "decode.csv").write_text("garbage\n")  # a header alone, and not benchmark's
+    assert refusal(report.main, [str(garbage)], capsys).endswith("(no column model, label, L, sources, beam, "
+                                                                "seconds, ms_per_step, bytes_per_hypothesis)")
+    assert not (garbage / "speed.md").exists()
     assert not (tmp_path / "x.png").exists()
     overview_plot.main([str(csv), str(tmp_path / "nodir" / "x.png")])  # its folder made, not a late crash
     assert (tmp_path / "nodir" / "x.png").stat().st_size > 0
@@ -103,12 +127,15 @@ def test_profile_export_refuses_counts_below_one(option, capsys):
         f"argument {option}: invalid value 0 (must be an integer >= 1)")
 
 
-@pytest.mark.parametrize("argv, message", ids=["sentences", "clients", "workers", "lengths", "window"], argvalues=[
+@pytest.mark.parametrize("argv, message", ids=["sentences", "clients", "workers", "lengths", "window", "seed",
+                                                "clients-twice"], argvalues=[
     (["--sentences", "0"], "argument --sentences: invalid value 0 (must be an integer >= 1)"),
     (["--clients", "4", "0"], "argument --clients: invalid value 0 (must be an integer >= 1)"),
     (["--workers", "0"], "argument --workers: invalid value 0 (must be an integer >= 1)"),
     (["--lengths", "10", "2"], "invalid --lengths: 10 2 (MIN must be <= MAX)"),
     (["--batch-window-ms", "-5"], "invalid --batch-window-ms: -5.0 (must be >= 0)"),
+    (["--seed", "-1"], "argument --seed: invalid value -1 (must be an integer >= 0)"),
+    (["--clients", "2", "2"], "argument --clients: 2 given more than once"),
 ])
 def test_serve_refuses_bad_numbers(argv, message, capsys):
     assert refusal(serve.main, ["EXPORT", *argv], capsys).endswith(message)
@@ -123,10 +150,21 @@ def test_parallel_refuses_bad_options(argv, message, a_file, capsys):
     assert refusal(parallel.main, ["--export", "EXPORT", "--input", str(a_file), *argv], capsys).endswith(message)
 
 
-def test_ctranslate2_is_asked_for_before_any_work_where_it_is_not_installed(tmp_path, a_file, monkeypatch, capsys):
+def hide(monkeypatch, module):
+    """importlib.util.find_spec as where MODULE is not installed."""
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "ctranslate2"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == module
                         else find_spec(name, *rest))
+
+
+def test_serve_asks_for_aiohttp_before_any_work_where_it_is_not_installed(monkeypatch, capsys):
+    hide(monkeypatch, "aiohttp")
+    assert refusal(serve.main, ["EXPORT"], capsys).endswith(
+        'error: the server and its clients need aiohttp: pip install "aiohttp>=3.9"')
+
+
+def test_ctranslate2_is_asked_for_before_any_work_where_it_is_not_installed(tmp_path, a_file, monkeypatch, capsys):
+    hide(monkeypatch, "ctranslate2")
     (tmp_path / "ct2").mkdir()
     (tmp_path / "ct2" / "model.bin").write_text("x")
     assert refusal(parallel.main, ["--ct2", str(tmp_path / "ct2"), "--input", str(a_file)], capsys).endswith(
@@ -187,13 +225,15 @@ GRID = ["--engines", "memattn", "--source-lens", "5", "--copy-lens", "--target-l
 
 
 @pytest.mark.parametrize("argv, message", ids=["repeats", "cell-seconds", "no-cells", "threads", "no-data",
-                                                "no-checkpoint"], argvalues=[
+                                                "no-checkpoint", "threads-twice", "engines-twice"], argvalues=[
     (["--repeats", "0"], "argument --repeats: invalid value 0 (must be an integer >= 1)"),
     (["--cell-seconds", "0"], "argument --cell-seconds: invalid value 0 (must be a finite number > 0)"),
     (["--source-lens", "--copy-lens"], "no cells to time: give lengths to --source-lens or --copy-lens (or --trained)"),
     (["--threads"], "argument --threads: expected at least one argument"),
     (["--trained", __file__, __file__], "--trained needs --data, the folder with its test split and dictionaries"),
     (["--trained", "/nonexistent1.pt", __file__], "argument --trained: /nonexistent1.pt: no such file"),
+    (["--threads", "1", "1"], "argument --threads: 1 given more than once"),
+    (["--engines", "memattn", "memattn"], "argument --engines: memattn given more than once"),
 ])
 def test_deploy_refuses_bad_options(argv, message, tmp_path, capsys):
     assert refusal(deploy.main, [*GRID, "--workdir", str(tmp_path), *argv], capsys).endswith(message)

@@ -6,7 +6,6 @@
 """
 
 import logging
-import math
 import os
 import sys
 import warnings
@@ -20,6 +19,7 @@ from ..checkpoint_safety import not_a_file
 from ..errors import one_line_errors
 from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
                     draw, save)
+from ..search_settings import check_search_settings
 
 logger = logging.getLogger("fairseq_memattn.plot")
 PROG = "fairseq-memattn-plot"
@@ -71,12 +71,15 @@ def check_arguments(args, paths: List[str]) -> List[str]:
         raise PlotError(f"--path: {'; '.join(str(not_a_file(p)) for p in missing)}")
     if os.path.isdir(args.output):
         raise PlotError(f"--output {args.output!r} is a folder: give the image's file name in it")
-    for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi), ("--beam", args.beam)):
+    blocked = first_existing(os.path.dirname(os.path.abspath(args.output)))
+    if not os.path.isdir(blocked):
+        raise PlotError(f"--output {args.output!r}: {blocked} is a file, not a folder")
+    for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi)):
         if value < 1:
             raise PlotError(f"invalid {name}: {value} (must be >= 1)")
     if args.dpi > MAX_DPI:  # matplotlib would allocate the whole raster: gigabytes, then a MemoryError or the OOM killer
         raise PlotError(f"invalid --dpi: {args.dpi} (must be <= {MAX_DPI})")
-    check_generation_lengths(args)
+    check_search(args)
     if args.labels is None:
         return [None] * len(paths)
     labels = args.labels.split(",")
@@ -86,18 +89,21 @@ def check_arguments(args, paths: List[str]) -> List[str]:
     return labels
 
 
-def check_generation_lengths(args) -> None:
-    """fairseq's options of the output length (max length a*x + b for a source of x tokens):
-    fairseq takes any number, then fails in the beam search with an assertion or a conversion
-    error. What depends on the source is checked once it is known (``plot.decode``)."""
-    if not (math.isfinite(args.max_len_a) and args.max_len_a >= 0):
-        raise PlotError(f"invalid --max-len-a: {args.max_len_a:g} (must be a finite number >= 0)")
-    if args.min_len < 0:
-        raise PlotError(f"invalid --min-len: {args.min_len} (must be >= 0)")
-    if args.max_len_a == 0 and args.max_len_b < args.min_len and not args.match_source_len:  # which ignores b
-        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= --min-len {args.min_len})")
-    if args.max_len_b < 0:
-        raise PlotError(f"invalid --max-len-b: {args.max_len_b} (must be >= 0)")
+def first_existing(path: str) -> str:
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_search(args) -> None:
+    """fairseq's search options, which its beam search takes unchecked (``check_search_settings``),
+    and those the plot cannot follow: it plots the search's own best hypothesis of the source alone."""
+    check_search_settings(lambda name: getattr(args, name, None), lambda name: "--" + name.replace("_", "-"))
+    unused = [flag for flag, given in (("--constraints", args.constraints), ("--score-reference", args.score_reference),
+                                       ("--prefix-size", args.prefix_size)) if given]
+    if unused:
+        raise PlotError(f"{', '.join(unused)}: not taken by {PROG}, which plots the search's best hypothesis "
+                        f"of the source alone")
 
 
 def binarized_splits(folder: str, task_cfg) -> List[str]:
@@ -162,6 +168,13 @@ def run(args) -> List[plot.Alignment]:
     if not paths:
         raise PlotError("--path: give the checkpoint(s) to plot")
     labels = check_arguments(args, paths)
+    try:
+        overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+    except (ValueError, SyntaxError):
+        overrides = None
+    if not isinstance(overrides, dict):
+        raise PlotError(f"invalid --model-overrides: {cfg.common_eval.model_overrides!r} (must be a Python "
+                        "dict, e.g. \"{'dropout': 0.0}\")")
     choice = ReadChoice(args.layer, args.head)
     use_cuda = torch.cuda.is_available() and not cfg.common.cpu
     task = tasks.setup_task(cfg.task)
@@ -171,8 +184,7 @@ def run(args) -> List[plot.Alignment]:
 
     alignments = []
     for path, label in zip(paths, labels):
-        models, saved_cfg = checkpoint_utils.load_model_ensemble(
-            [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task)
+        models, saved_cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
         model = models[0]
         check_task(cfg.task, task, getattr(saved_cfg, "task", None), path)
         check_has_attention(model, path)

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fairseq_memattn.arg_types import non_negative_int, positive_int, positive_number
 from recipes.bible import compare, lstm_gap
 from recipes.bible.options import prepared
-from recipes.cli import check, duplicates, existing_file, folder_with, output_dir
+from recipes.cli import check, existing_file, folder_with, output_dir, refuse_duplicates
 from recipes.convert import run as convert_run
 from recipes.train_log import finished, read_train_log
 
@@ -754,9 +754,7 @@ def parse(argv=None):
             r.error(f"argument --minutes: {args.minutes:g} minus --decode-minutes {args.decode_minutes:g} leaves "
                     f"{left:g} minutes for the smoke step and training, at least 2 needed (raise --minutes or "
                     "lower --decode-minutes)")
-        twice = duplicates(args.models)
-        if twice:
-            r.error(f"argument --models: {', '.join(twice)} given more than once")
+        refuse_duplicates(r, args, "models")
     if args.command == "report":
         incoming = check(rp, "archive", archive_names, args.archive)
         args.replaced = check(rp, "--out", lambda out: replaced(out, incoming), args.out)

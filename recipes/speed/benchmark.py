@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
 from fairseq_memattn.arg_types import positive_int, positive_number
 from fairseq_memattn.cli.deploy_options import check_range
-from recipes.cli import output_dir
+from recipes.cli import output_dir, refuse_duplicates
 from recipes.speed.options import changed
 from recipes.speed.report import read as read_csv, write_report
 
@@ -87,6 +87,10 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"unknown --models {', '.join(unknown)} (choose from {', '.join(MODELS)})")
     check_range(p, args, "min_cell_seconds", 0)
+    refuse_duplicates(p, args, "models", "lengths", "train_lengths")
+    if args.min_cell_seconds > args.max_cell_seconds:
+        p.error(f"--min-cell-seconds {args.min_cell_seconds:g} is more than --max-cell-seconds "
+                f"{args.max_cell_seconds:g}")
     args.settings = checked_settings(p, args)
     return args
 

@@ -46,7 +46,8 @@ import numpy as np
 
 from fairseq_memattn.cli import log_to_stderr
 from fairseq_memattn.arg_types import positive_int, positive_number
-from recipes.cli import check, existing_dir, existing_file, folder_with, output_dir, output_file
+from recipes.cli import (check, existing_dir, existing_file, folder_with, output_dir, output_file,
+                         refuse_duplicates)
 from recipes.speed.options import changed, require_ctranslate2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -106,6 +107,7 @@ def parse_args(argv=None):
                         "running one batch on T threads (keep these rows in their own --rows file)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    refuse_duplicates(p, args, "engines", "threads", "source_lens", "copy_lens")
     if args.split and {"fairseq", "memattn"} & set(args.engines):
         p.error("--split: fairseq-generate (engines fairseq, memattn) decodes a batch as one; "
                 "time it without --split")

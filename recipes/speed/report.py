@@ -6,6 +6,7 @@ paper's Table 1 times) and OUT/decode_time.png (ms per decoder step vs source le
 
 import argparse
 import csv
+import math
 import os
 
 # Paper Table 1: seconds to decode the copy-task test set on a K40m GPU.
@@ -29,17 +30,22 @@ DECODE_COLUMNS = ("model", "label", "L", "sources", "beam", "seconds", "ms_per_s
 def read_decode(path):
     """benchmark.py's decode.csv; ValueError naming the file for anything else (a speed.md, say)."""
     try:
-        rows = read(path)
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"{path}: not readable as a CSV ({error})") from None
-    missing = [column for column in DECODE_COLUMNS if rows and column not in rows[0]]
+    missing = [column for column in DECODE_COLUMNS if column not in (reader.fieldnames or [])]
     if missing:
         raise ValueError(f"{path}: not a decode.csv of recipes.speed.benchmark (no column {', '.join(missing)})")
     for line, row in enumerate(rows, start=2):
         try:
-            int(row["L"]), int(row["bytes_per_hypothesis"]), float(row["seconds"]), float(row["ms_per_step"])
+            int(row["L"]), int(row["bytes_per_hypothesis"])
+            times = float(row["seconds"]), float(row["ms_per_step"])
         except (TypeError, ValueError):  # TypeError: a row cut short
-            raise ValueError(f"{path}: line {line} is not a row of recipes.speed.benchmark's numbers") from None
+            times = ()
+        if not (times and all(math.isfinite(t) and t > 0 for t in times)):
+            raise ValueError(f"{path}: line {line} is not a row of recipes.speed.benchmark's numbers")
     return rows
 
 

@@ -18,6 +18,7 @@ throughput is sentences per second over the row. Needs the optional extras deplo
 
 import argparse
 import asyncio
+import importlib.util
 import sys
 import time
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
-from recipes.cli import existing_file, output_file
+from recipes.cli import existing_file, output_file, refuse_duplicates
 from recipes.speed.options import load_export
 
 
@@ -44,15 +45,18 @@ def parser():
     p.add_argument("--workers", type=positive_int, default=1, help="the server's batches decoded at once")
     p.add_argument("--batch-window-ms", type=float, default=5.0)
     p.add_argument("--max-tokens", type=positive_int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--out", type=output_file, help="write the markdown table here too")
     return p
 
 
-def sentences(args, codec) -> list:
+def sentences(p, args, codec) -> list:
     if args.input:
-        with open(args.input, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line, _ in zip(f, range(args.sentences))]
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                return [line.rstrip("\n") for line, _ in zip(f, range(args.sentences))]
+        except UnicodeDecodeError as error:
+            p.error(f"--input {args.input}: not UTF-8 text ({error})")
     rng = np.random.default_rng(args.seed)
     symbols = codec.src_dict.symbols[4:]  # fairseq's four special symbols first
     lines = [" ".join(rng.choice(symbols, rng.integers(args.lengths[0], args.lengths[1] + 1)))
@@ -99,15 +103,18 @@ def main(argv=None):
     args = p.parse_args(argv)
     check_range(p, args, "max_len_a", 0)
     check_range(p, args, "batch_window_ms", 0)
+    refuse_duplicates(p, args, "clients")
     if args.lengths[0] > args.lengths[1]:
         p.error(f"invalid --lengths: {args.lengths[0]} {args.lengths[1]} (MIN must be <= MAX)")
+    if importlib.util.find_spec("aiohttp") is None:
+        p.error('the server and its clients need aiohttp: pip install "aiohttp>=3.9"')
     from fairseq_memattn.deploy import SourceError
     from fairseq_memattn.deploy.serve import BackgroundServer, make_app
 
     translator, codec = load_export(p, args.model, args.threads)
-    lines = sentences(args, codec)
-    if not lines:
-        p.error(f"no lines in {args.input}")
+    lines = sentences(p, args, codec)
+    if not any(line.strip() for line in lines):
+        p.error(f"--input {args.input}: no sentences in it")
     options = dict(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     for number, line in enumerate(lines, start=1):  # the server would answer 413 or 400, failing a client
         try:
@@ -132,7 +139,8 @@ def main(argv=None):
     search = dict(lenpen=1.0, max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=1, unk_penalty=0.0,
                   normalize_scores=True)
     app = make_app(translator, codec, search, beam=args.beam, window=args.batch_window_ms / 1000,
-                   max_tokens=args.max_tokens, queue_size=max(args.clients, default=1) * 2, workers=args.workers)
+                   max_tokens=args.max_tokens, queue_size=max(args.clients, default=1) * 2, workers=args.workers,
+                   max_beam=args.beam)
     with BackgroundServer(app) as server:
         for count in args.clients:
             start = time.perf_counter()
