@@ -511,7 +511,7 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
     # lstm_memattn: the average is worse on validation for it, so the best: 8.00 - 10.00;
     # the variant: the average better for both, so the average: 10.50 - 11.00
     assert [row.split(" | ")[-3:-1] for row in rows[1:]] == [["best", "-2.00"], ["average", "-0.50"]]
-    # a run paused before its first validation: no loss yet, not the log reader's nan
-    runs["lstm_memattn"] = {"log": {"stopped": "running", "updates": 0, "epochs": 0, "best_valid_loss": float("nan"),
+    # a run before its first validation (or waiting for a core): no loss yet, not the log reader's nan
+    runs["lstm_memattn"] = {"log": {"stopped": "no epoch", "updates": 0, "epochs": 0, "best_valid_loss": float("nan"),
                                     "best_update": 0, "curve": []}, "checkpoints": {}}
-    assert converge.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | still running | 0 | 0 |  |  |  |  |  |  |  |  |"
+    assert converge.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | no epoch yet | 0 | 0 |  |  |  |  |  |  |  |  |"

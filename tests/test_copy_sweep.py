@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -243,16 +242,15 @@ def interrupt_after_first_checkpoint(process, log):
 @pytest.mark.slow
 def test_tiny_sweep_interrupted_resumed_and_selected_on_validation(tmp_path):
     budget = sweep.PRESETS["tiny"]["screen"]
-    runs = {s: tmp_path / "runs" / sweep.run_name(6, "K=1", s, 1) for s in SELECTED}
-    first = runs[SELECTED[0]]
     for attempt in range(3):  # the run's last 16 updates take a third of a second: a poll held up longer misses them
-        if attempt:
-            shutil.rmtree(tmp_path)
-            tmp_path.mkdir()
-        interrupted = interrupt_after_first_checkpoint(start_sweep(tmp_path), first / "train.log")
+        out = tmp_path / f"try{attempt}"  # a fresh folder: the killed group may still be writing in the last
+        runs = {s: out / "runs" / sweep.run_name(6, "K=1", s, 1) for s in SELECTED}
+        first = runs[SELECTED[0]]
+        interrupted = interrupt_after_first_checkpoint(start_sweep(out), first / "train.log")
         if "done training" not in interrupted:
             break
     assert "done training" not in interrupted and not (first / "score.json").exists()
+    tmp_path = out  # the rest reads the try interrupted in time
 
     finish(start_sweep(tmp_path))
     log = (first / "train.log").read_text()

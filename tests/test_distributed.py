@@ -96,8 +96,12 @@ def test_two_processes_gloo_train_identically(tmp_path, train, min_loss_drop):
                 [sys.executable, RANK_SCRIPT, dump, *train, *CPU_FLAGS, "--save-dir", str(tmp_path / "ckpt"),
                  "--distributed-rank", str(rank), "--distributed-init-method", f"tcp://127.0.0.1:{port}"],
                 env=clean_env(OMP_NUM_THREADS="1"), stdout=output, stderr=subprocess.STDOUT))
-    for proc in procs:
-        proc.wait(timeout=300)
+    try:
+        for proc in procs:
+            proc.wait(timeout=300)
+    finally:  # one rank stuck: neither is left running
+        for proc in procs:
+            proc.kill()
     logs = [log.read_text() for log in logs]
     for proc, log in zip(procs, logs):
         assert proc.returncode == 0, log[-3000:]

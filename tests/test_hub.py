@@ -5,10 +5,12 @@ sentencepiece model) -> translate / sample / generate with alignments.
 The model is the tiny en-fr one that conftest.own_pair_recipe trains through
 recipes/wmt17 (prepare --raw-dir, train, evaluate) in its default folders."""
 
+import math
 import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 from conftest import BIN, PLUGIN_DIR, REPO, clean_env
@@ -151,8 +153,10 @@ def test_alignments_are_beta_alpha_transposed(model):
     (dict(diverse_beam_groups=3), "invalid diverse_beam_groups: 3 (must be a divisor of beam 5, or -1 for none)"),
     (dict(sampling=True, match_source_len=True), "sampling and match_source_len choose other searches"),
     (dict(max_len_a=-1.0), "invalid max_len_a: -1 (must be a finite number >= 0)"),
-    (dict(max_len_b=-5), "invalid max_len_b: -5 (must be an integer >= 0)"),
+    (dict(max_len_b=-5), "invalid max_len_b: -5 (must be >= min_len 1)"),
     (dict(min_len=500), "invalid max_len_b: 200 (must be >= min_len 500)"),
+    (dict(unkpen=-math.inf), "invalid unkpen: -inf (must be a number, inf to ban <unk>)"),
+    (dict(sampling_topk=10), "sampling_topk 10 samples: give sampling too, or leave it out"),
     (dict(beem=5), "unknown generation setting(s): beem (did you mean beam?) (the settings are fairseq's"),
 ])
 def test_search_settings_fairseq_would_fail_on_or_ignore_are_named(model, settings, message):
@@ -161,6 +165,16 @@ def test_search_settings_fairseq_would_fail_on_or_ignore_are_named(model, settin
     with pytest.raises(ValueError) as refused:
         model.translate(SENTENCES[1], **{"beam": 5, **settings})
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_search_settings_fairseq_takes_pass(model):
+    """numpy's and torch's scalars, floats where fairseq takes them, inf to ban <unk>, a negative b
+    with a > 0: fairseq decodes with each, so they must not be refused."""
+    for settings in (dict(beam=np.int64(4)), dict(beam=torch.tensor(4), lenpen=torch.tensor(0.5)),
+                     dict(max_len_b=50.0, min_len=2.0), dict(max_len_a=2.0, max_len_b=-2),
+                     dict(sampling=True, sampling_topk=3), dict(diversity_rate=0.0), dict(diverse_beam_groups=2)):
+        model.check_settings(settings.pop("beam", 4), settings)
+    assert isinstance(model.translate(SENTENCES[1], beam=np.int64(2), unkpen=math.inf, max_len_b=50.0), str)
 
 
 def test_alignments_only_for_the_call_that_asks(model):

@@ -71,7 +71,9 @@ def test_benchmark_does_not_add_to_a_table_measured_with_other_settings(tmp_path
 
 def test_transformer_decode_refuses_a_run_that_would_time_nothing(capsys):
     assert refusal(transformer_decode.main, ["--max-cell-seconds", "nan"], capsys).endswith(
-        "argument --max-cell-seconds: invalid value nan (must be a finite number > 0)")
+        "invalid --max-cell-seconds: nan (must be a finite number)")
+    assert refusal(transformer_decode.main, ["--max-cell-seconds", "-5"], capsys).endswith(
+        "invalid --max-cell-seconds: -5.0 (must be >= 0)")
     assert refusal(transformer_decode.main, ["--source-lens", "--copy-lens", "--train-len", "0"], capsys).endswith(
         "nothing to time: give lengths to --source-lens or --copy-lens, or a --train-len")
     assert refusal(transformer_decode.main, ["--copy-lens", "50", "50"], capsys).endswith(

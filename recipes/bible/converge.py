@@ -616,7 +616,8 @@ def chosen_checkpoint(runs, baseline, memory):
 
 
 STOPPED = {"converged": "patience", "time": "wall-clock cap", "cap": "--max-update",
-           "max-epoch": "--max-epoch", "running": "still running", None: "did not finish"}
+           "max-epoch": "--max-epoch", "running": "still running", "no epoch": "no epoch yet",
+           None: "did not finish"}
 TABLE_HEADER = ["| model | device | stopped by | updates | epochs | best valid loss (update) | test BLEU, best "
                 "| chrF, best | test BLEU, average | chrF, average | chosen on valid | BLEU vs baseline (chosen) "
                 "| ms / token |",

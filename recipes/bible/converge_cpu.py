@@ -239,7 +239,9 @@ def runs_so_far(args, references):
         if os.path.isfile(log_path(args, model)):
             runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
             curve = runs[model]["log"]["curve"]
-            runs[model]["log"]["stopped"] = ("converged" if epochs_since_best(curve) >= args.patience else
+            # with --jobs, one that has no epoch may be waiting for a free core
+            runs[model]["log"]["stopped"] = ("no epoch" if not curve else
+                                             "converged" if epochs_since_best(curve) >= args.patience else
                                              "max-epoch" if len(curve) >= args.max_epoch else "running")
     return runs
 

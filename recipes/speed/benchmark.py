@@ -253,8 +253,8 @@ def benchmark_decoding(args, path):
         for name, (model, generator, batches, times) in cells.items():
             seconds = statistics.median(times)
             row = {"model": name, "label": MODELS[name][0], "L": length, "sources": args.sources,
-                   "beam": args.beam, "repeats": len(times), "seconds": f"{seconds:.3f}",
-                   "ms_per_step": f"{1000 * seconds / (len(batches) * (length + 1)):.3f}",
+                   "beam": args.beam, "repeats": len(times), "seconds": f"{seconds:.4g}",  # a short cell's too
+                   "ms_per_step": f"{1000 * seconds / (len(batches) * (length + 1)):.4g}",
                    "bytes_per_hypothesis": round(cached_bytes_per_hypothesis(model, batches[0], args.beam))}
             append_csv(path, row)
             print(f"decode L={length:4d} {MODELS[name][0]:26s} {seconds:9.2f} s "

@@ -44,7 +44,7 @@ def read_decode(path):
             times = float(row["seconds"]), float(row["ms_per_step"])
         except (TypeError, ValueError):  # TypeError: a row cut short
             times = ()
-        if not (times and all(math.isfinite(t) and t > 0 for t in times)):
+        if not (times and all(math.isfinite(t) and t >= 0 for t in times)):
             raise ValueError(f"{path}: line {line} is not a row of recipes.speed.benchmark's numbers")
     return rows
 

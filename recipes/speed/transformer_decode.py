@@ -42,7 +42,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
-from fairseq_memattn.arg_types import non_negative_int, positive_int, positive_number
+from fairseq_memattn.arg_types import non_negative_int, positive_int
+from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import output_file, refuse_duplicates
 from recipes.speed.benchmark import copy_batches, decoder_for
 
@@ -70,7 +71,7 @@ def parse_args(argv=None):
                    help="encoder and decoder layers of every model (e.g. 12 1: a deep encoder and a "
                         "shallow decoder, Kasai et al. 2021)")
     p.add_argument("--repeats", type=positive_int, default=3, help="rounds per cell (medians reported)")
-    p.add_argument("--max-cell-seconds", type=positive_number, default=60.0,
+    p.add_argument("--max-cell-seconds", type=float, default=60.0,
                    help="no further round once a cell has used this long (at least one round)")
     p.add_argument("--train-len", type=non_negative_int, default=800, help="|S| = |T| of the training batch (0: skip)")
     p.add_argument("--train-steps", type=positive_int, default=2, help="timed training steps (median reported)")
@@ -78,6 +79,7 @@ def parse_args(argv=None):
                    help="profile the cells of missed targets (torch.profiler, top ops)")
     p.add_argument("--out", type=output_file, help="also write the markdown to this file")
     args = p.parse_args(argv)
+    check_range(p, args, "max_cell_seconds", 0)
     refuse_duplicates(p, args, "source_lens", "copy_lens")
     if not (args.source_lens or args.copy_lens or args.train_len):
         p.error("nothing to time: give lengths to --source-lens or --copy-lens, or a --train-len")
