@@ -149,7 +149,7 @@ def test_alignments_are_beta_alpha_transposed(model):
     (dict(beam="5"), "invalid beam: '5' (must be an integer >= 1)"),
     (dict(beam=2.5), "invalid beam: 2.5 (must be an integer >= 1)"),
     (dict(lenpen=float("nan")), "invalid lenpen: nan (must be a finite number)"),
-    (dict(temperature=0.0), "invalid temperature: 0 (must be a finite number > 0)"),
+    (dict(temperature=0.0), "invalid temperature: 0.0 (must be a finite number > 0)"),
     (dict(diverse_beam_groups=3), "invalid diverse_beam_groups: 3 (must be a divisor of beam 5, or -1 for none)"),
     (dict(sampling=True, match_source_len=True), "sampling and match_source_len choose other searches"),
     (dict(max_len_a=-1.0), "invalid max_len_a: -1 (must be a finite number >= 0)"),

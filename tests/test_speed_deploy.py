@@ -29,8 +29,8 @@ def test_each_cell_reports_the_median_of_its_rounds():
 def test_the_report_compares_each_cell_best_against_best():
     from recipes.speed.deploy import engine_factors, parse_args, targets
 
-    args = parse_args(["--source-lens", "--copy-lens", "10", "--threads", "1", "--engines", "ct2-f32", "ct2-int8",
-                       "onnx-f32", "onnx-int8"])
+    # CTranslate2's rows are read, not timed: the arguments need not name its engines (nor it installed)
+    args = parse_args(["--source-lens", "--copy-lens", "10", "--threads", "1", "--engines", "onnx-f32", "onnx-int8"])
     seconds = {"ct2-f32": 0.50, "ct2-int8": 0.40, "onnx-f32": 0.60, "onnx-int8": 0.36}
     rows = [{"engine": e, "threads": 1, "S": 10, "T": 10, "seconds": s} for e, s in seconds.items()]
     lines = targets(rows, args).splitlines()
