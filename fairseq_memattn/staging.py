@@ -10,7 +10,7 @@ from typing import Iterator, Type
 from .errors import UserError
 
 
-def _file_in_the_way(path: str):
+def file_in_the_way(path: str):
     """The first of ``path``'s folders that is a file, or None."""
     parts = os.path.abspath(path).split(os.sep)
     for end in range(2, len(parts) + 1):
@@ -29,7 +29,7 @@ def staging_beside(out: str, error: Type[UserError] = UserError) -> Iterator[str
         os.makedirs(parent, exist_ok=True)
         folder = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
     except OSError as reason:
-        in_the_way = _file_in_the_way(parent)
+        in_the_way = file_in_the_way(parent)
         why = f"{in_the_way} is a file, not a folder" if in_the_way else reason.strerror or reason
         raise error(f"invalid OUT: cannot write {out} ({why})") from None
     try:

@@ -20,6 +20,7 @@ from ..errors import one_line_errors
 from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
                     draw, save)
 from ..search_settings import check_search_settings
+from ..staging import file_in_the_way
 
 logger = logging.getLogger("fairseq_memattn.plot")
 PROG = "fairseq-memattn-plot"
@@ -71,8 +72,8 @@ def check_arguments(args, paths: List[str]) -> List[str]:
         raise PlotError(f"--path: {'; '.join(str(not_a_file(p)) for p in missing)}")
     if os.path.isdir(args.output):
         raise PlotError(f"--output {args.output!r} is a folder: give the image's file name in it")
-    blocked = first_existing(os.path.dirname(os.path.abspath(args.output)))
-    if not os.path.isdir(blocked):
+    blocked = file_in_the_way(os.path.dirname(os.path.abspath(args.output)))
+    if blocked:
         raise PlotError(f"--output {args.output!r}: {blocked} is a file, not a folder")
     for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi)):
         if value < 1:
@@ -87,12 +88,6 @@ def check_arguments(args, paths: List[str]) -> List[str]:
         raise PlotError(f"--labels gives {len(labels)} labels for {len(paths)} checkpoints "
                         f"in --path")
     return labels
-
-
-def first_existing(path: str) -> str:
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return path
 
 
 def check_search(args) -> None:

@@ -2,9 +2,8 @@
 any timing, and the settings measurements were made with, compared on reuse."""
 
 import argparse
-import importlib
-import importlib.util
 
+from fairseq_memattn.errors import UserError, import_installed
 from recipes import cli
 
 
@@ -16,12 +15,19 @@ def load_export(p: argparse.ArgumentParser, folder: str, threads=None):
     return load(p, argparse.Namespace(model=folder, threads=threads, bpe=None, sentencepiece_model=None))
 
 
+def require(p: argparse.ArgumentParser, module: str, missing: str):
+    """MODULE, imported; p.error's one line MISSING (how to install it) where it is not installed."""
+    try:
+        return import_installed(module, missing, UserError)
+    except UserError as error:
+        p.error(str(error))
+
+
 def require_ctranslate2(p: argparse.ArgumentParser, needed_by: str, otherwise: str = ""):
     """The ctranslate2 module, or p.error's one line: NEEDED_BY (the options) need it, how to install
     it, and OTHERWISE (how to do without)."""
-    if importlib.util.find_spec("ctranslate2") is None:
-        p.error(f"{needed_by} needs CTranslate2, which is not installed: pip install ctranslate2{otherwise}")
-    return importlib.import_module("ctranslate2")
+    return require(p, "ctranslate2", f"{needed_by} needs CTranslate2, which is not installed: "
+                                     f"pip install ctranslate2{otherwise}")
 
 
 def check_ct2_model(p: argparse.ArgumentParser, folder: str):

@@ -18,7 +18,6 @@ throughput is sentences per second over the row. Needs the optional extras deplo
 
 import argparse
 import asyncio
-import importlib.util
 import sys
 import time
 
@@ -27,7 +26,7 @@ import numpy as np
 from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import existing_file, output_file, refuse_duplicates
-from recipes.speed.options import load_export
+from recipes.speed.options import load_export, require
 
 
 def parser():
@@ -106,8 +105,7 @@ def main(argv=None):
     refuse_duplicates(p, args, "clients")
     if args.lengths[0] > args.lengths[1]:
         p.error(f"invalid --lengths: {args.lengths[0]} {args.lengths[1]} (MIN must be <= MAX)")
-    if importlib.util.find_spec("aiohttp") is None:
-        p.error('the server and its clients need aiohttp: pip install "aiohttp>=3.9"')
+    require(p, "aiohttp", 'the server and its clients need aiohttp: pip install "aiohttp>=3.9"')
     from fairseq_memattn.deploy import SourceError
     from fairseq_memattn.deploy.serve import BackgroundServer, make_app
 
