@@ -54,8 +54,11 @@ def _attention_type(parameter_names, has_context) -> str:
     have the same (no) parameters, so they cannot be told apart."""
     memory = {"memory_" + f.name: f.default for f in dataclasses.fields(MemoryConfig)}
 
+    read = "attention" if "read.v.weight" in parameter_names else "mix"  # memory attention's --memory-read
+
     def fits(kind):
-        args = argparse.Namespace(attention_type=kind, attention_dim=None, **{**memory, "memory_k": 2})
+        args = argparse.Namespace(attention_type=kind, attention_dim=None, memory_read=read,
+                                  **{**memory, "memory_k": 2})
         attention = build_attention(args, 2, 2)
         # window_log_width is an option of memory attention, read by lstm_shape_options.
         return (sorted(attention.state_dict()) == sorted(set(parameter_names) - {"writer.window_log_width"})
@@ -81,7 +84,9 @@ def lstm_shape_options(state) -> Dict[str, object]:
         "memory_k": _dim(state, attention + "writer.W_alpha.weight", 0),
         "memory_position_window": (attention + "writer.window_log_width" in state
                                    if attention + "writer.W_alpha.weight" in state else None),
-        "attention_dim": _dim(state, attention + "v.weight", 1),
+        "memory_read": (("attention" if attention + "read.v.weight" in state else "mix")
+                        if attention + "writer.W_alpha.weight" in state else None),
+        "attention_dim": _dim(state, attention + "v.weight", 1) or _dim(state, attention + "read.v.weight", 1),
         "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
         "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),
         "encoder_layers": _lstm_layers(state, "encoder.lstm"),

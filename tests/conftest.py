@@ -30,7 +30,10 @@ from recipes.train_log import finished  # noqa: E402
 # A left-padded batch of three sources and decoder inputs for it (BOS = EOS first).
 SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
 PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])
-ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", "linear", "gated_linear"]
+# Every --attention-type, and memory attention read by attention over its rows (--memory-read attention).
+MEMORY_ATTENTION_READ = "memory/attention-read"
+ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", MEMORY_ATTENTION_READ, "linear",
+                 "gated_linear"]
 
 
 def pytest_configure(config):
@@ -91,7 +94,7 @@ def attention_args(**overrides):
                               memory_encoder_score="softmax", memory_decoder_score="softmax",
                               memory_encoder_normalize="contexts", memory_position_encoding=False,
                               memory_position_max_len=None, memory_position_window=False,
-                              max_source_positions=10)
+                              memory_read="mix", max_source_positions=10)
     vars(args).update(overrides)
     return args
 
@@ -99,6 +102,8 @@ def attention_args(**overrides):
 def build_model(dictionary=None, seed=0, **overrides):
     dictionary = dictionary or make_dictionary()
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    if overrides.get("attention_type") == MEMORY_ATTENTION_READ:
+        overrides.update(attention_type="memory", memory_read="attention")
     torch.manual_seed(seed)
     model = MemAttnLSTMModel.build_model(make_args(**overrides), task)
     model.eval()
@@ -115,7 +120,7 @@ for_every_model = pytest.mark.parametrize(
 def build_every_model(dictionary, attention_type, input_feeding):
     """The model for_every_model stands for; memory attention with position encodings (Eq. 8-10, S = 10)."""
     return build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding,
-                       attention_mix=input_feeding, memory_position_encoding=attention_type == "memory",
+                       attention_mix=input_feeding, memory_position_encoding=attention_type.startswith("memory"),
                        memory_position_max_len=10)
 
 

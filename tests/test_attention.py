@@ -59,6 +59,30 @@ def test_memory_attention_matches_equations(encoder_score, decoder_score, normal
     torch.testing.assert_close(context, expected_context, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("encoder_score", ["softmax", "sigmoid"])
+def test_memory_attention_read_matches_equations(encoder_score):
+    """--memory-read attention: Eq. 4-5 write C; beta is additive attention over its K rows (Eq. 1-2
+    with C_k in place of s_j), c = sum_k beta_k C_k, and the alignment beta alpha^T."""
+    torch.manual_seed(5)
+    attn = MemoryAttention(6, 5, MemoryConfig(k=4, encoder_score=encoder_score), read="attention", attention_dim=3)
+    attn.keep_alignment = True
+    states, mask = random_states([5, 3, 1])
+    query = torch.randn(3, 2, 5)
+    memory = attn.build_memory(states, mask)
+    context, weights = attn.lookup(memory, query)
+    W_s, W_q, b_q = attn.read.source_proj.weight, attn.read.query_proj.weight, attn.read.query_proj.bias
+    v = attn.read.v.weight[0]
+    for b in range(3):
+        C = memory["values"][b]
+        for t, h in enumerate(query[b]):
+            scores = torch.stack([v @ torch.tanh(W_q @ h + b_q + W_s @ C[k]) for k in range(4)])  # Eq. 1's f_att
+            beta = torch.exp(scores) / torch.exp(scores).sum()  # Eq. 2
+            torch.testing.assert_close(context[b, t], sum(beta[k] * C[k] for k in range(4)), atol=1e-5, rtol=1e-5)
+            alpha = memory["alpha"][b]  # S x K
+            expected = [sum(beta[k] * alpha[s, k] for k in range(4)) for s in range(states.size(1))]
+            torch.testing.assert_close(weights[b, t], torch.stack(expected), atol=1e-5, rtol=1e-5)
+
+
 def test_memory_alignment_is_beta_times_alpha_transposed():
     torch.manual_seed(2)
     attn = MemoryAttention(6, 5, MemoryConfig(k=3))
@@ -122,6 +146,7 @@ def test_padding_never_contributes_to_memory():
     ({"memory_decoder_score": "tanh"}, r"invalid --memory-decoder-score: 'tanh'"),
     ({"memory_encoder_normalize": "rows"}, r"invalid --memory-encoder-normalize: 'rows' \(choose from contexts, time\)"),
     ({"memory_position_normalize": "max"}, r"invalid --memory-position-normalize: 'max' \(choose from sum, mean\)"),
+    ({"memory_read": "content"}, r"invalid --memory-read: 'content' \(choose from mix, attention\)"),
     # no silent fallback to --max-source-positions for S of Eq. 10
     ({"memory_position_encoding": True},
      r"--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S"),

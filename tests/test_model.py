@@ -274,8 +274,17 @@ def test_untied_checkpoint_does_not_load_into_a_tied_model(dictionary):
     ({"attention_type": "none", "input_feeding": True, "attention_mix": True},
      "--input-feeding and --attention-mix ignored: --attention-type none gives the decoder no context to feed or mix"),
     ({"attention_type": "general", "attention_dim": 8},
-     "--attention-dim 8 ignored: only --attention-type additive has a layer of that size (this model: "
-     "--attention-type general)"),
+     "--attention-dim 8 ignored: only additive attention has a layer of that size (--attention-type additive, or "
+     "memory with --memory-read attention; this model: --attention-type general)"),
+    ({"attention_dim": 8}, "--attention-dim 8 ignored: only additive attention has a layer of that size "
+     "(--attention-type additive, or memory with --memory-read attention; this model: --attention-type memory "
+     "--memory-read mix)"),
+    ({"memory_read": "attention", "memory_decoder_score": "sigmoid"},
+     "--memory-decoder-score sigmoid ignored: --memory-read attention weighs the rows by a softmax of its scores "
+     "(Eq. 2); the score of Eq. 7 is the mix's"),
+    ({"attention_type": "additive", "memory_read": "attention"},
+     "--memory-read attention ignored: only --attention-type memory has a memory (this model: "
+     "--attention-type additive)"),
     ({"attention_type": "additive", "memory_k": 64, "memory_position_encoding": True},
      "--memory-k 64, --memory-position-encoding ignored: only --attention-type memory has a memory (this model: "
      "--attention-type additive)"),

@@ -28,6 +28,7 @@ VARIANTS = {
     "memory-time": {"memory_encoder_normalize": "time"},
     "memory-sigmoid": {"memory_encoder_score": "sigmoid", "memory_decoder_score": "sigmoid"},
     "memory-position": {"memory_position_encoding": True},
+    "memory-attention-read": {"memory_read": "attention"},
     "linear": {"attention_type": "linear"},
     "gated_linear": {"attention_type": "gated_linear"},
 }
@@ -57,6 +58,13 @@ def attend(attention, states, mask, query):
 
 # --- an independent transcription of every variant ---------------------------------
 
+def bahdanau(P, prefix, h, x):
+    """Bahdanau's scores v^T tanh(W_q h_i + b_q + W_s x_j) (T x n) with the parameters P[prefix + ...]."""
+    hidden = torch.tanh((h @ P[prefix + "query_proj.weight"].T + P[prefix + "query_proj.bias"])[:, None]
+                        + (x @ P[prefix + "source_proj.weight"].T)[None])
+    return hidden @ P[prefix + "v.weight"][0]
+
+
 def by_formula(name, attention, states, mask, query):
     """Every variant written out per sentence in float64, from the papers'
     equations (padding removed first, so positions are counted within the
@@ -69,10 +77,8 @@ def by_formula(name, attention, states, mask, query):
         keep = ~mask[b]
         x, h = states[b][keep].double(), query[b].double()  # n x E, T x H
         n = x.size(0)
-        if name == "additive":  # Bahdanau: v^T tanh(W_q h_i + b_q + W_s s_j)
-            hidden = torch.tanh((h @ P["query_proj.weight"].T + P["query_proj.bias"])[:, None]
-                                + (x @ P["source_proj.weight"].T)[None])
-            scores = hidden @ P["v.weight"][0]
+        if name == "additive":
+            scores = bahdanau(P, "", h, x)
         elif name == "general":  # Luong: h_i^T W s_j
             scores = h @ (x @ P["source_proj.weight"].T).T
         elif name in ("dot", "scaled_dot"):
@@ -93,8 +99,11 @@ def by_formula(name, attention, states, mask, query):
             else:
                 alpha = torch.softmax(raw, dim=1 if attention.writer.encoder_normalize == "contexts" else 0)
             C = alpha.T @ x  # Eq. 4
-            raw_beta = h @ P["read.W_beta.weight"].T  # Eq. 7
-            beta = torch.sigmoid(raw_beta) if attention.read.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
+            if name == "memory-attention-read":  # Eq. 2 over the K rows of C
+                beta = torch.softmax(bahdanau(P, "read.", h, C), 1)
+            else:
+                raw_beta = h @ P["read.W_beta.weight"].T  # Eq. 7
+                beta = torch.sigmoid(raw_beta) if attention.read.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
             context = beta @ C  # Eq. 6
             a = beta @ alpha.T  # Sec. 5
         else:  # cheap linear attention: c = (1/n) sum_t u_t u_t^T q, weights u_t^T q / n

@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..errors import UserError
 from ..hub import MemAttnHubModel
-from ..modules.attention import ATTENTION_TYPES, MemoryAttention, build_attention
+from ..modules.attention import ATTENTION_TYPES, LSTM_MEMORY_READS, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
 from ..checkpoint_fit import check_family, check_lstm_fits, parameters_said_by_name
 from ..arg_types import positive_int, probability_below_one
@@ -338,6 +338,11 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         parser.add_argument("--attention-dim", type=positive_int, metavar="N",
                             help="hidden size of additive attention (default: decoder hidden size)")
         add_memory_args(parser)
+        parser.add_argument("--memory-read", choices=LSTM_MEMORY_READS,
+                            help="how the decoder reads the K memory rows: the paper's mix c = beta C "
+                                 "with beta from the decoder state alone (Eq. 6-7), or additive "
+                                 "attention over the rows (Eq. 1-2 with the rows in place of the "
+                                 "source states; --attention-dim its size) (default: mix)")
         parser.add_argument("--max-source-positions", type=positive_int, metavar="N",
                             help="longest source in tokens (EOS included) the model accepts")
         parser.add_argument("--max-target-positions", type=positive_int, metavar="N",
@@ -354,7 +359,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
                             f"give (none has no attention, linear's weights have any sign): use memory, additive, "
                             f"general, dot or scaled_dot")
         if alignment and args.attention_type == "memory":
-            check_alignment_distribution(args)
+            check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
         if args.attention_type == "memory":
             fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
@@ -428,9 +433,15 @@ def warn_ignored_options(args, context_dim) -> None:
     if context_dim == 0 and without_context:
         logger.warning(f"{' and '.join(without_context)} ignored: --attention-type {args.attention_type} gives "
                        f"the decoder no context to feed or mix")
-    if args.attention_dim is not None and args.attention_type != "additive":
-        logger.warning(f"--attention-dim {args.attention_dim} ignored: only --attention-type additive has a layer "
-                       f"of that size (this model: --attention-type {args.attention_type})")
+    memory_attention_read = args.attention_type == "memory" and args.memory_read == "attention"
+    if args.attention_dim is not None and args.attention_type != "additive" and not memory_attention_read:
+        logger.warning(f"--attention-dim {args.attention_dim} ignored: only additive attention has a layer of that "
+                       f"size (--attention-type additive, or memory with --memory-read attention; this model: "
+                       f"--attention-type {args.attention_type}"
+                       + (f" --memory-read {args.memory_read})" if args.attention_type == "memory" else ")"))
+    if memory_attention_read and args.memory_decoder_score != "softmax":
+        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} ignored: --memory-read attention "
+                       f"weighs the rows by a softmax of its scores (Eq. 2); the score of Eq. 7 is the mix's")
     memory_flags = memory_options_set(args) if args.attention_type != "memory" else []
     if memory_flags:
         logger.warning(f"{', '.join(memory_flags)} ignored: only --attention-type memory has a memory "
@@ -492,6 +503,7 @@ def base_architecture(args):
     args.attention_type = getattr(args, "attention_type", "memory")
     args.attention_dim = getattr(args, "attention_dim", None)
     memory_defaults(args, memory_k=32, position_encoding=False)
+    args.memory_read = getattr(args, "memory_read", "mix")
     args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
     args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
 

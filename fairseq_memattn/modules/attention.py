@@ -211,28 +211,66 @@ class DotAttention(ContentAttention):
         return torch.bmm(query, keys.transpose(1, 2)) * self.scale
 
 
+# How the LSTM's decoder reads the K rows of the memory (--memory-read).
+LSTM_MEMORY_READS = ("mix", "attention")
+
+
 class MemoryAttention(Attention):
     """The fixed-size memory attention of Sec. 3 for the LSTM: a writer
     (:class:`memory.MemoryWrite`, Eq. 4-5) builds the memory C (B x K x E) once
-    per source, and a read (:class:`memory.MemoryMix`, Eq. 6-7) mixes its rows
-    at every decoder step, c = beta C, returned in float32 (see ``modules/memory.py``)."""
+    per source, and at every decoder step read weights beta mix its rows,
+    c = beta C (Eq. 6), returned in float32 (see ``modules/memory.py``).
 
-    def __init__(self, encoder_dim: int, decoder_dim: int, config: MemoryConfig):
+    ``read`` says where beta comes from: ``"mix"``, the paper's Eq. 7 on the
+    decoder state alone (:class:`memory.MemoryMix`); ``"attention"``, additive
+    attention over the K rows (Eq. 1-2 with C in place of the source states),
+    which compares the decoder state with what each row holds. Either way a
+    step costs O(K) whatever |S| is."""
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, config: MemoryConfig, read: str = "mix",
+                 attention_dim: Optional[int] = None):
         super().__init__()
+        check_choice("--memory-read", read, LSTM_MEMORY_READS)
         self.writer = MemoryWrite(encoder_dim, config)
-        self.read = MemoryMix(decoder_dim, config)
+        self.read = (MemoryMix(decoder_dim, config) if read == "mix" else
+                     AdditiveAttention(encoder_dim, decoder_dim, attention_dim or decoder_dim))
         self.context_dim = encoder_dim
+
+    @property
+    def reads_content(self) -> bool:
+        """Whether beta compares the decoder state with the rows (``read="attention"``)."""
+        return isinstance(self.read, AdditiveAttention)
+
+    @property
+    def query_layer(self) -> nn.Linear:
+        """The layer the decoder state enters the read through: W_beta of Eq. 7, or the
+        attention's query projection."""
+        return self.read.query_proj if self.reads_content else self.read.W_beta
+
+    def read_memory(self, contexts: Tensor) -> Memory:
+        """What the read needs of C, once per source: C itself, or for the attention read C as
+        its values, the source half of its scores as keys (in the model's precision) and no padding."""
+        if not self.reads_content:
+            return {"contexts": contexts}
+        keys = self.read.project_keys(contexts.to(self.read.source_proj.weight.dtype))
+        return {"keys": keys, "values": contexts, "padding_mask": keys.new_zeros(keys.shape[:2], dtype=torch.bool)}
 
     def build_memory(self, states, padding_mask):
         contexts, alpha = self.writer.write(states, padding_mask)
-        memory = {"contexts": contexts}
+        memory = self.read_memory(contexts)
         if self.keep_alignment:
             memory["alpha"] = alpha
         return memory
 
-    def lookup(self, memory, query):
+    def read_rows(self, memory: Memory, query: Tensor) -> Tuple[Tensor, Tensor]:
+        """(c, beta): B x T x E and B x T x K, in float32 or wider."""
+        if self.reads_content:
+            return self.read.lookup(memory, query)  # Eq. 1-2 over the K rows
         beta = self.read.read_weights(query)  # Eq. 7
-        context = self.read.mix(beta, memory["contexts"])  # Eq. 6
+        return self.read.mix(beta, memory["contexts"]), beta  # Eq. 6
+
+    def lookup(self, memory, query):
+        context, beta = self.read_rows(memory, query)
         weights = source_alignment(beta, memory["alpha"]) if "alpha" in memory else None
         return context, weights
 
@@ -296,5 +334,6 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
     if kind in ("dot", "scaled_dot"):
         return DotAttention(encoder_dim, decoder_dim, scaled=kind == "scaled_dot")
     if kind == "memory":
-        return MemoryAttention(encoder_dim, decoder_dim, MemoryConfig.from_options(args))
+        return MemoryAttention(encoder_dim, decoder_dim, MemoryConfig.from_options(args),
+                               read=args.memory_read, attention_dim=args.attention_dim)
     return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")

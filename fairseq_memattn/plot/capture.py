@@ -56,8 +56,9 @@ def describe(model, arch: Optional[str] = None) -> str:
     name = arch or type(model).__name__
     attention = attention_of(model)
     if isinstance(attention, MemoryAttention):
+        read = "attention read" if attention.reads_content else f"{attention.read.decoder_score} read"
         return (f"{name}: memory attention K={attention.writer.num_contexts}, "
-                f"{attention.writer.encoder_score}/{attention.read.decoder_score} scores")
+                f"{attention.writer.encoder_score} write, {read}")
     writers = memory_writers(model)
     if writers:
         per_layer = f", {len(writers)} memories (one per layer)" if len(writers) > 1 else ""
@@ -94,7 +95,7 @@ def read_score(model, choice: ReadChoice) -> str:
     if is_memory_transformer(model):
         layer = len(model.decoder.layers) - 1 if choice.layer is None else choice.layer
         return getattr(model.decoder.layers[layer].encoder_attn, "decoder_score", "softmax")
-    return attention_of(model).read.decoder_score
+    return getattr(attention_of(model).read, "decoder_score", "softmax")
 
 
 def task_name(task_cfg) -> str:
@@ -171,16 +172,16 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
     One teacher-forced pass of the model (in eval mode the same as incremental decoding) over
     the hypothesis, with hooks catching what the memories are written from (the input of
     each W_alpha: the encoder's final states) and what the plotted read is queried with (the
-    LSTM's decoder states on their way into W_beta; the Transformer layer's input to its
+    LSTM's decoder states on their way into its read; the Transformer layer's input to its
     encoder-attention). The weights are then recomputed from those with the model's own
-    modules: alpha (S x K) and C by the write (Eq. 4-5), the read's weights (T x K) by Eq. 7
-    (LSTM, mix read) or the layer's multi-head attention over the K rows of C.
+    modules: alpha (S x K) and C by the write (Eq. 4-5), the read's weights (T x K) by the LSTM's
+    read (Eq. 7, or its attention over the K rows) or the layer's multi-head attention over them.
     """
     writers = memory_writers(model)
     transformer = is_memory_transformer(model)
     layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
-    # The module the read's query goes into: the layer's read, or the LSTM's W_beta (Eq. 7).
-    queried = model.decoder.layers[layer].encoder_attn if transformer else attention_of(model).read.W_beta
+    # The module the read's query goes into: the layer's read, or the LSTM read's first layer.
+    queried = model.decoder.layers[layer].encoder_attn if transformer else attention_of(model).query_layer
     states, queries = [[] for _ in writers], []
     hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
     hooks.append(capture_inputs(queried, queries, "query" if transformer else "input"))
@@ -195,8 +196,10 @@ def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoic
         no_padding = torch.zeros(source_states.shape[:2], dtype=torch.bool, device=source_states.device)
         written.append(writer.write(source_states, no_padding))  # (C, alpha): one example, no padding
     alphas = [alpha[0].float() for _, alpha in written]
-    if not transformer:  # the LSTM's W_beta is called once per decoder step
-        beta = attention_of(model).read.read_weights(torch.cat(queries, dim=1))[0]  # T x K (Eq. 7)
+    if not transformer:  # the LSTM's read is queried once per decoder step
+        attention = attention_of(model)
+        _, beta = attention.read_rows(attention.read_memory(written[0][0]), torch.cat(queries, dim=1))
+        beta = beta[0]  # T x K
         return alphas, beta.float(), 0, ""
     memory_index = layer if len(writers) > 1 else 0  # --memory-per-layer: layer l reads memory l
     contexts = written[memory_index][0]

@@ -69,6 +69,8 @@ VARIANTS = {
                                                    "--memory-encoder-normalize", "time"]),
     "lstm_memattn_sigmoid_read": ("lstm_memattn", ["--memory-decoder-score", "sigmoid"]),
     "lstm_memattn_input_feeding": ("lstm_memattn", ["--input-feeding"]),
+    "lstm_memattn_attention_read": ("lstm_memattn", ["--memory-position-normalize", "mean",
+                                                     "--memory-read", "attention"]),
     "lstm_att_input_feeding": ("lstm_att", ["--input-feeding"]),
 }
 MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})

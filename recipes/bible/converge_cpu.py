@@ -32,7 +32,7 @@ from argparse import Namespace
 from fairseq_memattn.arg_types import positive_int, positive_number
 from recipes.bible import compare, converge, lstm_gap
 from recipes.bible.options import prepared
-from recipes.cli import output_dir
+from recipes.cli import output_dir, refuse_duplicates
 from recipes.convert import run as convert_run
 from recipes.train_log import plot_curves, read_train_log, run_logged
 
@@ -235,7 +235,7 @@ def conversion_rows(args):
 def runs_so_far(args, references):
     """converge.read_run of each model with a log, stopped by patience or still running."""
     runs = {}
-    for model in PAIRS[args.pair]:
+    for model in args.models:
         if os.path.isfile(log_path(args, model)):
             runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
             curve = runs[model]["log"]["curve"]
@@ -257,7 +257,7 @@ def write_results(args, conversion_rows=()):
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
     minutes = {m: statistics.median(run["log"]["epoch_seconds"]) / 60 for m, run in runs.items()
                if run["log"]["epoch_seconds"]}
-    models = ", ".join(PAIRS[args.pair][1:])
+    models = ", ".join(m for m in args.models if m != baseline)
     lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
              "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
              f"{args.patience} epochs without a better validation loss: {SETTINGS[args.pair]}. Test split "
@@ -299,6 +299,10 @@ def main(argv=None):
     p.add_argument("--pair", choices=sorted(PAIRS), default="transformer",
                    help="the models: " + "; ".join(f"{pair}: {' '.join(models)}" for pair, models in PAIRS.items())
                         + " (default transformer)")
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help="train (and report) these of the pair's models and variants (default: the pair's; "
+                        "--pair lstm also takes " + ", ".join(m for m in converge.LSTM_MODELS if m not in PAIRS["lstm"])
+                        + ")")
     p.add_argument("--work", type=output_dir,
                    help="checkpoints (default checkpoints/bible/converged, converged_lstm for --pair lstm)")
     p.add_argument("--out", type=output_dir,
@@ -319,11 +323,18 @@ def main(argv=None):
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
+    allowed = converge.LSTM_MODELS if args.pair == "lstm" else PAIRS[args.pair]
+    unknown = [m for m in args.models or () if m not in allowed]
+    if unknown:
+        p.error(f"argument --models: invalid choice for --pair {args.pair}: {', '.join(map(repr, unknown))} "
+                f"(choose from {', '.join(allowed)})")
+    refuse_duplicates(p, args, "models")
+    args.models = args.models or list(PAIRS[args.pair])
     args.work = args.work or DEFAULT_WORK[args.pair]
     args.out = args.out or DEFAULT_OUT[args.pair]
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
     if args.report:
-        if not any(os.path.isfile(log_path(args, model)) for model in PAIRS[args.pair]):
+        if not any(os.path.isfile(log_path(args, model)) for model in args.models):
             p.error(f"--out {args.out}: no run's log under {stage_dir(args)} to report (--out is the folder "
                     "the driver wrote)")
         write_results(args, conversion_rows(args))
@@ -333,7 +344,7 @@ def main(argv=None):
         converge.log(f"already running (the lock {os.path.join(args.work, 'driver.lock')} is held): nothing to do")
         return 0
     # Under the lock: a running driver's first epoch is logged before its checkpoint is saved.
-    models = PAIRS[args.pair]
+    models = args.models
     for problem in filter(None, (orphaned_log(args, model) for model in models)):
         p.error(problem)
     written = threading.Lock()
