@@ -290,6 +290,9 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
                         "OUT.pt --memory-k 64, then fine-tune), or run it as it is with CTranslate2"),
         "lstm_att": (["--arch", "lstm_att", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
                      "unsupported --attention-type 'additive'", None),
+        "memory_read": (["--arch", "lstm_memattn", "--memory-k", "4", "--memory-read", "attention",
+                         "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
+                        "unsupported --memory-read 'attention'", None),
         # refused by the Transformer's own check (export/transformer.py's check_supported), not by model type
         "quant_noise": (["--arch", "transformer_memattn", "--memory-k", "4", "--encoder-ffn-embed-dim", "8",
                          "--decoder-ffn-embed-dim", "8", "--encoder-attention-heads", "1",

@@ -270,6 +270,14 @@ def test_untied_checkpoint_does_not_load_into_a_tied_model(dictionary):
     tied.load_state_dict(tied.state_dict())
 
 
+@pytest.mark.parametrize("saved, built", [("attention", "mix"), ("mix", "attention")])
+def test_a_checkpoint_of_the_other_memory_read_is_refused_by_name(dictionary, saved, built):
+    state = build_model(dictionary, memory_read=saved).state_dict()
+    with pytest.raises(UserError, match=re.escape(
+            f"checkpoint has memory_read={saved} but the model was built with memory_read={built}")):
+        build_model(dictionary, memory_read=built).load_state_dict(state)
+
+
 @pytest.mark.parametrize("overrides, warning", [
     ({"attention_type": "none", "input_feeding": True, "attention_mix": True},
      "--input-feeding and --attention-mix ignored: --attention-type none gives the decoder no context to feed or mix"),

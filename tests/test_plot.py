@@ -51,6 +51,8 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("plot")
     return {
         "memory": train(root / "memory", "lstm_memattn", 150, "--memory-k", "4"),
+        "memory_attention_read": train(root / "memory_attention_read", "lstm_memattn", 60, "--memory-k", "4",
+                                       "--memory-read", "attention"),
         "additive": train(root / "additive", "lstm_att", 30),
         "none": train(root / "none", "lstm_noatt", 1),
         "transformer": train(root / "transformer", "transformer_memattn", 60,
@@ -126,8 +128,9 @@ def soft_alignment_from_fairseq_generate(path, example_id):
 
 
 @pytest.mark.slow
-def test_plotted_alignment_is_the_models_alignment(checkpoints):
-    path = checkpoints["memory"]
+@pytest.mark.parametrize("model", ["memory", "memory_attention_read"])
+def test_plotted_alignment_is_the_models_alignment(checkpoints, model):
+    path = checkpoints[model]
     (alignment,) = decode(path, "--example-id", str(EXAMPLE))
     assert len(alignment.source) >= 3 and alignment.source[-1] == "</s>"
     fig = plot.draw([alignment])

@@ -23,10 +23,6 @@ from .search import beam_candidates
 def check_supported(model) -> None:
     if not isinstance(model.encoder.attention, MemoryAttention):
         raise ValueError("the export supports lstm_memattn with --attention-type memory only")
-    if model.encoder.attention.reads_content:
-        raise ValueError("the export supports lstm_memattn with --memory-read mix only (the paper's read, "
-                         "Eq. 6-7); this model reads its memory with --memory-read attention: decode it "
-                         "with fairseq-generate or fairseq-interactive")
 
 
 def _lstm_weights(g: Graph, lstm, layer: int, directions):
