@@ -62,6 +62,11 @@ def check_search_settings(get: Callable[[str], Any], spell: Callable[[str], str]
                                                    (get("diversity_rate") or -1) > 0)) if on]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(spell(name) for name in chosen)} choose other searches: give one of them")
+    if get("sampling_topk") is not None and _integer(get("sampling_topk")) is None:
+        refuse("sampling_topk", "an integer, -1 for none")
+    topp = _number(get("sampling_topp"))
+    if get("sampling_topp") is not None and (topp is None or math.isnan(topp)):
+        refuse("sampling_topp", "a number, -1 for none")
     for name in ("sampling_topk", "sampling_topp"):  # fairseq's "off" is below 0
         if (get(name) if get(name) is not None else -1) >= 0 and not get("sampling"):
             raise UserError(f"{spell(name)} {get(name)} samples: give {spell('sampling')} too, or leave it out")

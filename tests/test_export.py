@@ -326,6 +326,22 @@ def test_export_reports_bad_checkpoint_and_option(tmp_path):
 
 
 @pytest.mark.slow
+def test_our_error_while_loading_is_not_taken_for_a_missing_data_folder(trained, tmp_path, monkeypatch):
+    """A UserError of the model's own loading (a misfit, say) names its fix; it is not the
+    'pass --data DIR' of a task that cannot be set up."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_memattn.errors import UserError
+
+    def misfit(*args, **kwargs):
+        raise UserError("checkpoint has memory_k=4 but the model was built with memory_k=8")
+
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", misfit)
+    with pytest.raises(UserError, match=r"^checkpoint has memory_k=4 but the model was built with memory_k=8$"):
+        export(str(trained("lstm")[0]), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
 def test_short_source_rows_option(trained, tmp_path):
     """0 exports one memory layout (no If, no alpha input to the decoder); a value above K, or any
     for an LSTM, is one line naming it."""

@@ -157,6 +157,8 @@ def test_alignments_are_beta_alpha_transposed(model):
     (dict(min_len=500), "invalid max_len_b: 200 (must be >= min_len 500)"),
     (dict(unkpen=-math.inf), "invalid unkpen: -inf (must be a number, inf to ban <unk>)"),
     (dict(sampling_topk=10), "sampling_topk 10 samples: give sampling too, or leave it out"),
+    (dict(sampling=True, sampling_topk="5"), "invalid sampling_topk: '5' (must be an integer, -1 for none)"),
+    (dict(sampling=True, sampling_topp="0.9"), "invalid sampling_topp: '0.9' (must be a number, -1 for none)"),
     (dict(beem=5), "unknown generation setting(s): beem (did you mean beam?) (the settings are fairseq's"),
 ])
 def test_search_settings_fairseq_would_fail_on_or_ignore_are_named(model, settings, message):

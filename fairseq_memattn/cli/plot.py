@@ -218,10 +218,6 @@ def main(argv=None, prog=PROG):
         where = f"{error.filename}: " if error.filename else ""
         print(f"{prog}: error: {where}{error.strerror or error}", file=sys.stderr)
         sys.exit(2)
-    except PlotError as error:
-        # argparse's format, without the usage: fairseq's parser has hundreds of options.
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
     for alignment in alignments:
         print(alignment.label)
         print(f"  S: {' '.join(alignment.source)}\n  H: {' '.join(alignment.target)}")
