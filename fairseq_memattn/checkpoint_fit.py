@@ -175,7 +175,7 @@ def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, T
 
 
 # Where the options of the model a checkpoint is being loaded into came from, set by the plugin's
-# wrappers of fairseq's loaders (plugin.py): (context, path, overrides), see ``loading``.
+# wrappers of fairseq's loaders (plugin.py): (context, path, overrides, task), see ``loading``.
 _loading = contextvars.ContextVar("fairseq_memattn_loading", default=(None, None, None, None))
 
 

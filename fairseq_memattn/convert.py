@@ -92,7 +92,6 @@ def check_memory_read(memory_options: Dict[str, object]) -> None:
 def target_args(source_args: argparse.Namespace, memory_options: Dict[str, object]) -> argparse.Namespace:
     """The loaded source's args with the memory architecture and options; what is not
     given takes the architecture's default when the model is built."""
-    check_memory_read(memory_options)
     args = copy.deepcopy(source_args)
     args.arch = target_architecture(architecture(source_args))
     if hasattr(args, "_name"):

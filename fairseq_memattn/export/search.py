@@ -8,8 +8,8 @@ Inputs, set by the translator each step (deploy/translator.py):
   row ``edit_rows[n]`` of the table: -inf at padding, -unkpen at <unk>, -inf at EOS before
   --min-len, and -inf at every token but EOS for a hypothesis at its maximum length. From column
   EDITED_COLUMNS on, a row holds one value (padding, <unk> and EOS are among the first symbols);
-* ``hypothesis_scores`` (N): each hypothesis's cumulative score, added to its row (at step 0, 0
-  for a source's first hypothesis and -inf for the others: fairseq starts from the first alone);
+* ``hypothesis_scores`` (N): each hypothesis's cumulative score, added to its row (at step 0 the
+  translator passes one row per source, scores 0, and beam 1: fairseq starts from the first alone);
 * ``beam`` and ``candidates`` (1 each): hypotheses per source, and how many candidates to keep.
 
 Outputs: ``candidate_scores`` and ``candidate_indices`` (sources x candidates), the best
