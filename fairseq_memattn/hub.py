@@ -27,7 +27,8 @@ from fairseq.hub_utils import GeneratorHubInterface
 from . import register
 from .checkpoint_fit import overrides_given_as
 from .errors import UserError
-from .models.memory_options import position_encoding_limit, source_too_long
+from .models.memory_options import position_encoding_limit
+from .modules.memory import source_too_long
 from .search_settings import check_search_settings
 
 

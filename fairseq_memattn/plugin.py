@@ -140,7 +140,7 @@ def guard_source_lengths() -> None:
     error and the warning name the option that set S."""
     from fairseq.tasks import FairseqTask
 
-    from .models.memory_options import source_too_long
+    from .modules.memory import source_too_long
 
     filter_by_size = FairseqTask.filter_indices_by_size
     if getattr(filter_by_size, "guarded", False):

@@ -172,8 +172,8 @@ def test_source_longer_than_position_encoding_maximum(dictionary):
     model = build_model(dictionary, attention_type="memory", memory_position_encoding=True,
                         memory_position_max_len=4)
     tokens, lengths = left_padded_batch(dictionary, [[3, 4, 5, 6, 7]])  # 6 with EOS
-    with pytest.raises(ValueError, match=r"source length 6 exceeds the position-encoding maximum S = 4 "
-                                         r"\(--memory-position-max-len\)"):
+    with pytest.raises(ValueError, match=r"^a source has 6 tokens \(EOS included\), more than the S = 4 that the "
+                                         r"model's position encodings cover \(Eq. 10: --memory-position-max-len 4"):
         model.encoder(tokens, lengths)
 
 

@@ -143,14 +143,6 @@ def position_encoding_limit(model) -> Optional[int]:
     return min(limits) if limits else None
 
 
-def source_too_long(which: str, length: int, limit: int) -> str:
-    """The error for a source the position encodings do not cover."""
-    return (f"{which} has {length} tokens (EOS included), more than the S = {limit} that the "
-            f"model's position encodings cover (Eq. 10: --memory-position-max-len {limit}, fixed "
-            f"when the model was trained; train with a larger one for longer sources): shorten or "
-            f"split it")
-
-
 # fairseq's criterion whose loss reads the decoder's attention (net_output[1]["attn"]): guided alignment
 ALIGNMENT_CRITERION = "label_smoothed_cross_entropy_with_alignment"
 

@@ -94,6 +94,14 @@ def onnx_score_function(g, name: str, scores: str, axis: int) -> str:
     return g.op("Softmax", scores, axis=axis) if name == "softmax" else g.op("Sigmoid", scores)
 
 
+def source_too_long(which: str, length: int, limit: int) -> str:
+    """The error for a source the position encodings do not cover."""
+    return (f"{which} has {length} tokens (EOS included), more than the S = {limit} that the "
+            f"model's position encodings cover (Eq. 10: --memory-position-max-len {limit}, fixed "
+            f"when the model was trained; train with a larger one for longer sources): shorten or "
+            f"split it")
+
+
 def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
                        normalize: str = "sum") -> Tensor:
     """Eq. 10 with the masking and renormalisation of Sec. 3.2.
@@ -106,12 +114,8 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
     Returns l: B x S_batch x K.
     """
     lengths = (~padding_mask).sum(dim=1)
-    too_long = lengths > max_len
-    if too_long.any():
-        raise UserError(
-            f"source length {int(lengths.max())} exceeds the position-encoding maximum "
-            f"S = {max_len} (--memory-position-max-len); use a larger value or shorter sources"
-        )
+    if (lengths > max_len).any():
+        raise UserError(source_too_long("a source", int(lengths.max()), max_len))
     s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
     k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
     L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
