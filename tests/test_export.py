@@ -48,6 +48,7 @@ VARIANTS = {
                         "--memory-position-normalize", "mean", "--memory-encoder-score", "sigmoid"],
     # One table learns slower on this task: more and larger steps, for outputs of several lengths.
     "lstm-shared": [*LSTM, "--attention-mix", "--share-all-embeddings", "--lr", "1e-2", "--max-update", "120"],
+    "lstm-attention-read": [*LSTM, "--memory-read", "attention", "--attention-dim", "8"],
 }
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
@@ -169,7 +170,7 @@ def test_encoder_runs_on_slices_of_a_batch(trained):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["mix-per-layer-pe", "lstm-feeding-pe"])
+@pytest.mark.parametrize("variant", ["mix-per-layer-pe", "lstm-feeding-pe", "lstm-attention-read"])
 def test_alignments_and_scores_equal_sequence_generators(trained, variant):
     """Scores and alignments (beta alpha^T) against fairseq's SequenceGenerator's
     hypotheses' attention, on a left-padded batch (the LSTM's exported encoder
@@ -290,9 +291,6 @@ def test_export_refuses_models_it_does_not_export(tmp_path):
                         "OUT.pt --memory-k 64, then fine-tune), or run it as it is with CTranslate2"),
         "lstm_att": (["--arch", "lstm_att", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
                      "unsupported --attention-type 'additive'", None),
-        "memory_read": (["--arch", "lstm_memattn", "--memory-k", "4", "--memory-read", "attention",
-                         "--encoder-hidden-size", "8", "--decoder-hidden-size", "8", *small],
-                        "unsupported --memory-read 'attention'", None),
         # refused by the Transformer's own check (export/transformer.py's check_supported), not by model type
         "quant_noise": (["--arch", "transformer_memattn", "--memory-k", "4", "--encoder-ffn-embed-dim", "8",
                          "--decoder-ffn-embed-dim", "8", "--encoder-attention-heads", "1",

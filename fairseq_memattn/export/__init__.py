@@ -22,7 +22,7 @@ from ..staging import staging_beside
 
 FORMAT_VERSION = 4
 SUPPORTED = ("transformer_memattn (model memattn_transformer), both reads, shared or per-layer memories, "
-             "and lstm_memattn (model memattn_lstm) with --attention-type memory and --memory-read mix")
+             "and lstm_memattn (model memattn_lstm) with --attention-type memory")
 
 
 class ExportError(UserError):
@@ -58,9 +58,6 @@ def load_checkpoint(path: str, data: str = None):
     if model_class is MemAttnLSTMModel and cfg["model"].attention_type != "memory":
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
                           f"the export supports {SUPPORTED}")
-    if model_class is MemAttnLSTMModel and getattr(cfg["model"], "memory_read", "mix") != "mix":
-        raise ExportError(f"unsupported --memory-read {cfg['model'].memory_read!r} in {path}: the export supports "
-                          f"{SUPPORTED}; decode it with fairseq-generate or fairseq-interactive")
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
                                                                       state=state)

@@ -60,7 +60,8 @@ def encoder_graph(model, quantize: str = None) -> Graph:
                                                           g.op("Cast", counts, to=FLOAT), sentence_lengths)
     K = encoder.attention.writer.num_contexts
     g.output(g.op("Unsqueeze", alpha, g.const([1], np.int64)), "alpha", FLOAT, ["batch", 1, "src_len", K])
-    g.output(contexts, "memory_contexts", FLOAT, ["batch", K, 2 * H])
+    for name, tensor in encoder.attention.onnx_read_memory(g, contexts).items():
+        g.output(tensor, name, FLOAT, ["batch", K, encoder.attention.onnx_memory_widths()[name]])
     # final_state = [h fwd; h bwd; c fwd; c bwd] of the top layer, then the bridge
     flat = [g.op("Reshape", g.op("Transpose", t, perm=[1, 0, 2]), g.const([0, -1], np.int64)) for t in (h, c)]
     init = g.op("Tanh", g.linear(g.op("Concat", *flat, axis=1), decoder.bridge))
@@ -83,7 +84,8 @@ def decoder_graph(model, quantize: str = None) -> Graph:
                   for name in ("state_h", "state_c"))
     context_in = (g.op("Gather", g.input("state_context", FLOAT, ["rows", E]), reorder, axis=0)
                   if decoder.input_feeding else None)
-    contexts = g.input("memory_contexts", FLOAT, ["sources", K, E])
+    memory = {name: g.input(name, FLOAT, ["sources", K, width])
+              for name, width in attention.onnx_memory_widths().items()}
     x = g.embedding(decoder.embed_tokens.weight, tokens)
     if context_in is not None:
         x = g.op("Concat", x, context_in, axis=1)
@@ -96,7 +98,7 @@ def decoder_graph(model, quantize: str = None) -> Graph:
         x = g.op("Squeeze", y, g.const([0, 1], np.int64))  # N x H
         new_h.append(h)
         new_c.append(c)
-    context, beta = attention.read.onnx_mix(g, x, contexts)  # a source's hypotheses read its one row together
+    context, beta = attention.onnx_read_rows(g, x, memory)  # a source's hypotheses read its one row together
     features = g.op("Concat", x, context, axis=1)
     if decoder.attention_mix is not None:
         features = g.op("Tanh", g.linear(features, decoder.attention_mix))
@@ -117,5 +119,6 @@ def build(model, quantize: str = None):
     if decoder.input_feeding:
         state.append({"name": "state_context", "zeros": [decoder.attention.context_dim]})
     config = {"model": "lstm_memattn", "memory_k": decoder.attention.writer.num_contexts, "alignment_memory": 0,
-              "memory_outputs": ["memory_contexts"], "decoder_state": state, "source_padding": "right"}
+              "memory_outputs": list(decoder.attention.onnx_memory_widths()), "decoder_state": state,
+              "source_padding": "right"}
     return {"encoder": encoder_graph(model, quantize), "decoder": decoder_graph(model, quantize)}, config

@@ -28,6 +28,7 @@ Representations" (2016) for the linear variants.
 import math
 from typing import Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -273,6 +274,36 @@ class MemoryAttention(Attention):
         context, beta = self.read_rows(memory, query)
         weights = source_alignment(beta, memory["alpha"]) if "alpha" in memory else None
         return context, weights
+
+    # The same in ONNX (export/lstm.py): the memory as the encoder graph's outputs, by name.
+    def onnx_memory_widths(self) -> Dict[str, int]:
+        """The memory's tensors in the graphs, B x K x width, by name: C (E), the attention read's keys (A)."""
+        widths = {"memory_contexts": self.context_dim}
+        if self.reads_content:
+            widths["memory_keys"] = self.read.v.weight.shape[1]
+        return widths
+
+    def onnx_read_memory(self, g, contexts: str) -> Dict[str, str]:
+        """:meth:`read_memory`'s tensors, B x K x E and B x K x A."""
+        if not self.reads_content:
+            return {"memory_contexts": contexts}
+        return {"memory_contexts": contexts, "memory_keys": g.linear(contexts, self.read.source_proj, bias=False)}
+
+    def onnx_read_rows(self, g, query: str, memory: Dict[str, str]) -> Tuple[str, str]:
+        """:meth:`read_rows` for N = rows x group hypotheses (query N x H, the hypotheses of a source
+        consecutive; the memory's tensors rows x K x ...): (c: N x E, beta: rows x group x K)."""
+        contexts = memory["memory_contexts"]
+        if not self.reads_content:
+            return self.read.onnx_mix(g, query, contexts)
+        A = self.read.v.weight.shape[1]
+        by_source = g.op("Concat", g.dims(contexts, 0, 1), g.const([-1, 1, A], np.int64), axis=0)
+        projected = g.op("Reshape", g.linear(query, self.read.query_proj), by_source)  # rows x group x 1 x A
+        keys = g.op("Unsqueeze", memory["memory_keys"], g.const([1], np.int64))  # rows x 1 x K x A
+        scores = g.linear(g.op("Tanh", g.op("Add", projected, keys)), self.read.v, bias=False)  # Eq. 1's f_att
+        beta = g.op("Softmax", g.op("Squeeze", scores, g.const([3], np.int64)), axis=-1)  # Eq. 2
+        width = g.dims(contexts, 2, 3)
+        mixed = g.op("MatMul", beta, contexts)  # rows x group x E
+        return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Renames the parameters of checkpoints saved before the writer and the read were
