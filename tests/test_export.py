@@ -48,7 +48,7 @@ VARIANTS = {
                         "--memory-position-normalize", "mean", "--memory-encoder-score", "sigmoid"],
     # One table learns slower on this task: more and larger steps, for outputs of several lengths.
     "lstm-shared": [*LSTM, "--attention-mix", "--share-all-embeddings", "--lr", "1e-2", "--max-update", "120"],
-    "lstm-attention-read": [*LSTM, "--memory-read", "attention", "--attention-dim", "8"],
+    "lstm-attention-read": [*LSTM, "--memory-read", "attention", "--attention-dim", "8", "--input-feeding"],
 }
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.

@@ -163,6 +163,20 @@ class AdditiveAttention(ContentAttention):
         hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))
         return self.v(hidden).squeeze(-1)
 
+    def onnx_grouped_lookup(self, g, query: str, keys: str, values: str) -> Tuple[str, str]:
+        """:meth:`lookup` in ONNX for N = rows x group queries (N x H, a row's queries consecutive)
+        over each row's keys (rows x M x A, no padding) and values (rows x M x E): (context N x E,
+        weights rows x group x M)."""
+        A = self.v.weight.shape[1]
+        by_row = g.op("Concat", g.dims(values, 0, 1), g.const([-1, 1, A], np.int64), axis=0)
+        projected = g.op("Reshape", g.linear(query, self.query_proj), by_row)  # rows x group x 1 x A
+        hidden = g.op("Tanh", g.op("Add", projected, g.op("Unsqueeze", keys, g.const([1], np.int64))))
+        scores = g.op("Squeeze", g.linear(hidden, self.v, bias=False), g.const([3], np.int64))  # score_pairs
+        weights = g.op("Softmax", scores, axis=-1)  # Eq. 2
+        context = g.op("MatMul", weights, values)  # Eq. 1: rows x group x E
+        flat = g.op("Concat", g.const([-1], np.int64), g.dims(values, 2, 3), axis=0)
+        return g.op("Reshape", context, flat), weights
+
     def score(self, query, keys):
         projected = self.query_proj(query)
         (B, T, A), S = projected.shape, keys.size(1)
@@ -253,6 +267,8 @@ class MemoryAttention(Attention):
         its values, the source half of its scores as keys (in the model's precision) and no padding."""
         if not self.reads_content:
             return {"contexts": contexts}
+        # C stays float32 as the values (the mix); the keys go through the model's own precision,
+        # where the rows' sums (at most |S| / (1 - dropout) in size) fit float16
         keys = self.read.project_keys(contexts.to(self.read.source_proj.weight.dtype))
         return {"keys": keys, "values": contexts, "padding_mask": keys.new_zeros(keys.shape[:2], dtype=torch.bool)}
 
@@ -292,18 +308,9 @@ class MemoryAttention(Attention):
     def onnx_read_rows(self, g, query: str, memory: Dict[str, str]) -> Tuple[str, str]:
         """:meth:`read_rows` for N = rows x group hypotheses (query N x H, the hypotheses of a source
         consecutive; the memory's tensors rows x K x ...): (c: N x E, beta: rows x group x K)."""
-        contexts = memory["memory_contexts"]
-        if not self.reads_content:
-            return self.read.onnx_mix(g, query, contexts)
-        A = self.read.v.weight.shape[1]
-        by_source = g.op("Concat", g.dims(contexts, 0, 1), g.const([-1, 1, A], np.int64), axis=0)
-        projected = g.op("Reshape", g.linear(query, self.read.query_proj), by_source)  # rows x group x 1 x A
-        keys = g.op("Unsqueeze", memory["memory_keys"], g.const([1], np.int64))  # rows x 1 x K x A
-        scores = g.linear(g.op("Tanh", g.op("Add", projected, keys)), self.read.v, bias=False)  # Eq. 1's f_att
-        beta = g.op("Softmax", g.op("Squeeze", scores, g.const([3], np.int64)), axis=-1)  # Eq. 2
-        width = g.dims(contexts, 2, 3)
-        mixed = g.op("MatMul", beta, contexts)  # rows x group x E
-        return g.op("Reshape", mixed, g.op("Concat", g.const([-1], np.int64), width, axis=0)), beta
+        if self.reads_content:
+            return self.read.onnx_grouped_lookup(g, query, memory["memory_keys"], memory["memory_contexts"])
+        return self.read.onnx_mix(g, query, memory["memory_contexts"])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Renames the parameters of checkpoints saved before the writer and the read were
@@ -366,5 +373,5 @@ def build_attention(args, encoder_dim: int, decoder_dim: int) -> Attention:
         return DotAttention(encoder_dim, decoder_dim, scaled=kind == "scaled_dot")
     if kind == "memory":
         return MemoryAttention(encoder_dim, decoder_dim, MemoryConfig.from_options(args),
-                               read=args.memory_read, attention_dim=args.attention_dim)
+                               read=getattr(args, "memory_read", "mix"), attention_dim=args.attention_dim)
     return LinearAttention(encoder_dim, decoder_dim, gated=kind == "gated_linear")

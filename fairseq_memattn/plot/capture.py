@@ -91,7 +91,7 @@ def check_read_choice(model, path: str, choice: ReadChoice) -> None:
 
 
 def read_score(model, choice: ReadChoice) -> str:
-    """The scoring function of the plotted read (Eq. 7); a multi-head read's is a softmax."""
+    """The scoring function of the plotted read (Eq. 7); an attention read's is a softmax."""
     if is_memory_transformer(model):
         layer = len(model.decoder.layers) - 1 if choice.layer is None else choice.layer
         return getattr(model.decoder.layers[layer].encoder_attn, "decoder_score", "softmax")

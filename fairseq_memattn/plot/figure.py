@@ -25,10 +25,10 @@ class Alignment:
     weights: np.ndarray  # S x T: the alignment (memory attention: beta alpha^T of the plotted read)
     contributions: Optional[np.ndarray] = None  # K x S x T: beta_tk * alpha_sk (memory attention)
     alphas: List[np.ndarray] = field(default_factory=list)  # per memory, S x K: the write (Eq. 5)
-    read: Optional[np.ndarray] = None  # K x T: the plotted read's weights over the K rows (Eq. 7)
+    read: Optional[np.ndarray] = None  # K x T: the plotted read's weights over the K rows (beta)
     read_name: str = ""  # which read is plotted, e.g. "layer 1 (last), mean of 4 heads"
     memory_index: int = 0  # which of ``alphas`` the plotted read reads
-    write_score: str = "softmax"  # the scoring function of alpha (Eq. 5) and of the read (Eq. 7):
+    write_score: str = "softmax"  # the scoring function of alpha (Eq. 5) and of the read (beta):
     read_score: str = "softmax"  # with sigmoid the weights are gates, no longer summing to one
 
 

@@ -59,8 +59,9 @@ MODELS = {
 # Transformers (lr 1e-3, 1,000 warm-up updates), 256 sentences for the LSTMs (Adam 1e-3).
 GPU_BATCH = {"transformer": ["--max-tokens", "8192"], "lstm_att": ["--batch-size", "256"]}
 GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.items()})
-# The LSTM gap's variants (docs/wmt17.md): a model of the LSTM pair with one thing changed, trained
-# with --models beside the pair and compared with it on validation only.
+# The LSTM gap's variants (docs/wmt17.md): a model of the LSTM pair with the options shown changed
+# (one thing, or the attention read on top of the mean-normalised encodings), trained with --models
+# beside the pair and compared with it on validation only.
 VARIANTS = {
     "lstm_memattn_no_position": ("lstm_memattn", ["--no-memory-position-encoding"]),
     "lstm_memattn_position_mean": ("lstm_memattn", ["--memory-position-normalize", "mean"]),
@@ -501,7 +502,7 @@ def lstm_gap_section(folder, runs, data, references):
         return []
     outputs = {m: lstm_gap.read_lines(os.path.join(folder, m, "best", "hyp.valid.fr")) for m in trained}
     lines = ["## The LSTM gap, on validation", "",
-             "lstm_att and lstm_memattn beside variants with one thing changed (`VARIANTS` in "
+             "lstm_att and lstm_memattn beside variants with the options in the column changed (`VARIANTS` in "
              "recipes/bible/converge.py), all trained at once to the same stopping rule; the best checkpoint "
              "decoded on the validation split (beam 5). Repetition and BLEU by source length "
              "(`recipes.bible.lstm_gap`):", "", lstm_gap.table(outputs, references, lstm_gap.source_lengths(data, "valid")), "",

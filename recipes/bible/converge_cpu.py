@@ -53,15 +53,17 @@ SETTINGS = {"transformer": "recipes/bible/compare.py's small Transformer at half
             "lstm": "recipes/bible/compare.py's LSTMs at half their width (2 + 2 layers of 128 units, "
                     "embeddings of 128), dropout 0.2, batches of 64 sentences, Adam (lr 1e-3), gradients clipped "
                     "at 1; lstm_memattn with Table 2's setting (K = 64, position encodings, sigmoid / softmax), "
-                    "lstm_memattn_position_mean the same with the encodings renormalised to a mean of 1"}
+                    "its variants with the options of the diagnosis table's column changed"}
 DEFAULT_WORK = {"transformer": os.path.join(compare.REPO, "checkpoints", "bible", "converged"),
                 "lstm": os.path.join(compare.REPO, "checkpoints", "bible", "converged_lstm")}
 DEFAULT_OUT = {"transformer": os.path.join(compare.REPO, "results", "bible", "converged"),
                "lstm": os.path.join(compare.REPO, "results", "bible", "converged", "cpu_lstm")}
 
 
-def driver_command(pair):
+def driver_command(pair, models=None):
     option = "" if pair == "transformer" else f" --pair {pair}"
+    if models and list(models) != list(PAIRS[pair]):
+        option += " --models " + " ".join(models)
     return f"nohup nice -n 10 python -m recipes.bible.converge_cpu{option} --data DATA > converge_cpu.log 2>&1 &"
 
 
@@ -232,17 +234,23 @@ def conversion_rows(args):
     return convert_run.report_rows(settings, updates)
 
 
+def reported_models(args):
+    """Every model of the pair (and, for the LSTMs, every variant) whose log is under --out, whichever
+    run trained it: a --models run beside the pair's adds its rows to the pair's table."""
+    candidates = [*PAIRS[args.pair], *(converge.LSTM_MODELS if args.pair == "lstm" else ())]
+    return [m for m in dict.fromkeys(candidates) if os.path.isfile(log_path(args, m))]
+
+
 def runs_so_far(args, references):
     """converge.read_run of each model with a log, stopped by patience or still running."""
     runs = {}
-    for model in args.models:
-        if os.path.isfile(log_path(args, model)):
-            runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
-            curve = runs[model]["log"]["curve"]
-            # with --jobs, one that has no epoch may be waiting for a free core
-            runs[model]["log"]["stopped"] = ("no epoch" if not curve else
-                                             "converged" if epochs_since_best(curve) >= args.patience else
-                                             "max-epoch" if len(curve) >= args.max_epoch else "running")
+    for model in reported_models(args):
+        runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
+        curve = runs[model]["log"]["curve"]
+        # with --jobs, one that has no epoch may be waiting for a free core
+        runs[model]["log"]["stopped"] = ("no epoch" if not curve else
+                                         "converged" if epochs_since_best(curve) >= args.patience else
+                                         "max-epoch" if len(curve) >= args.max_epoch else "running")
     return runs
 
 
@@ -257,7 +265,7 @@ def write_results(args, conversion_rows=()):
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
     minutes = {m: statistics.median(run["log"]["epoch_seconds"]) / 60 for m, run in runs.items()
                if run["log"]["epoch_seconds"]}
-    models = ", ".join(m for m in args.models if m != baseline)
+    models = ", ".join(m for m in runs if m != baseline)
     lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
              "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
              f"{args.patience} epochs without a better validation loss: {SETTINGS[args.pair]}. Test split "
@@ -267,7 +275,7 @@ def write_results(args, conversion_rows=()):
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
-             "", "```bash", driver_command(args.pair), "```", "",
+             "", "```bash", driver_command(args.pair, args.models), "```", "",
              *converge.TABLE_HEADER, *rows, "",
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
@@ -334,7 +342,7 @@ def main(argv=None):
     args.out = args.out or DEFAULT_OUT[args.pair]
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
     if args.report:
-        if not any(os.path.isfile(log_path(args, model)) for model in args.models):
+        if not any(os.path.isfile(log_path(args, model)) for model in reported_models(args)):
             p.error(f"--out {args.out}: no run's log under {stage_dir(args)} to report (--out is the folder "
                     "the driver wrote)")
         write_results(args, conversion_rows(args))
@@ -363,7 +371,7 @@ def main(argv=None):
         finally:
             slots.release()
 
-    for model in sorted(models, key=lambda m: -epochs_validated(args, m)):  # stable: PAIRS' order among equals
+    for model in sorted(models, key=lambda m: -epochs_validated(args, m)):  # stable: --models' order among equals
         slots.acquire()
         threads[model] = threading.Thread(target=run, args=(model,))
         threads[model].start()

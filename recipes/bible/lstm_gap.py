@@ -60,8 +60,8 @@ def read_statistics(checkpoint, data_bin, subset="valid", sentences=200):
     """How a memory LSTM writes and reads its memory on the first SENTENCES of SUBSET, each
     teacher-forced on its reference, as means over sentences:
 
-    * ``beta_entropy``: the entropy of the read weights beta at a step (Eq. 7, normalised to sum
-      to 1), over log K: 1 reads all K contexts alike, 0 reads one;
+    * ``beta_entropy``: the entropy of the read weights beta at a step (Eq. 7, or the attention
+      read's Eq. 2; normalised to sum to 1), over log K: 1 reads all K contexts alike, 0 reads one;
     * ``beta_max``: the largest normalised beta at a step;
     * ``alpha_entropy``: the entropy of each context's write weights alpha_k over the source
       (Eq. 5, normalised over time), over log |S|: 1 is an average of the whole sentence, 0 one token;
