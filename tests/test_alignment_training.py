@@ -26,6 +26,7 @@ MODELS = {  # name: (builder, options)
     "transformer attention read": (build_transformer, {}),
     "transformer mix read": (build_transformer, {"memory_read": "mix"}),
     "lstm memory": (build_model, {"memory_encoder_normalize": "time"}),
+    "lstm memory attention read": (build_model, {"memory_encoder_normalize": "time", "memory_read": "attention"}),
     "lstm additive": (build_model, {"attention_type": "additive", "input_feeding": True}),
 }
 
