@@ -314,7 +314,6 @@ def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: 
         os.replace(staged, out)
 
 
-
 if __name__ == "__main__":  # the command line is in cli/; say where rather than do nothing
     print("python -m fairseq_memattn.convert: error: run fairseq-memattn-convert (or python -m fairseq_memattn.cli.convert)",
           file=sys.stderr)

@@ -16,8 +16,6 @@ from ..modules.memory import ENCODER_NORMALIZATIONS, POSITION_NORMALIZATIONS, SC
 logger = logging.getLogger(__name__)
 
 
-
-
 def add_memory_args(parser):
     """The options of memory attention (Sec. 3), shared by the LSTM and the
     Transformer models."""

@@ -50,6 +50,8 @@ ATTENTION_TYPES = (
     "linear",
     "gated_linear",
 )
+
+
 class AlignmentSwitch:
     """For an ``nn.Module`` that keeps what alignments need (alpha of Eq. 4-5):
     whether to keep it, shared by the LSTM's attention and the Transformer's

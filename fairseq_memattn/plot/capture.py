@@ -28,9 +28,6 @@ class ReadChoice:
     head: Optional[int] = None
 
 
-
-
-
 def attention_of(model):
     """The LSTM's attention module, or None for other fairseq models."""
     return getattr(getattr(model, "encoder", None), "attention", None)
