@@ -219,6 +219,9 @@ def test_parallel_workers_find_relative_paths(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty.en").write_text("\n")
     assert refusal(parallel.main, ["--export", "export", "--input", "empty.en"], capsys).endswith(
         "--input empty.en: no sentences in it")
+    (tmp_path / "latin1.en").write_bytes("caf\xe9\n".encode("latin-1"))
+    assert "--input latin1.en: not UTF-8 text (" in refusal(parallel.main, ["--export", "export", "--input",
+                                                                          "latin1.en"], capsys)
 
 
 # --- deploy ---------------------------------------------------------------------------

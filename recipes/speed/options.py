@@ -15,6 +15,19 @@ def load_export(p: argparse.ArgumentParser, folder: str, threads=None):
     return load(p, argparse.Namespace(model=folder, threads=threads, bpe=None, sentencepiece_model=None))
 
 
+def input_lines(p: argparse.ArgumentParser, path: str, limit: int = None) -> list:
+    """--input's lines (the first LIMIT), or p.error's one line for a file that is not UTF-8 text or
+    holds no sentence."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for index, line in enumerate(f) if limit is None or index < limit]
+    except UnicodeDecodeError as error:
+        p.error(f"--input {path}: not UTF-8 text ({error})")
+    if not any(line.strip() for line in lines):
+        p.error(f"--input {path}: no sentences in it")
+    return lines
+
+
 def require(p: argparse.ArgumentParser, module: str, missing: str):
     """MODULE, imported; p.error's one line MISSING (how to install it) where it is not installed."""
     try:

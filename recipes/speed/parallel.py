@@ -27,7 +27,7 @@ import time
 
 from fairseq_memattn.arg_types import positive_int
 from recipes.cli import existing_file, folder_with, output_file
-from recipes.speed.options import check_ct2_model, load_export
+from recipes.speed.options import check_ct2_model, input_lines, load_export
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_LEN = 200
@@ -53,12 +53,7 @@ def parse_args(argv=None):
         load_export(p, folder)
     for folder in args.ct2:
         check_ct2_model(p, folder)
-    try:
-        with open(args.input, encoding="utf-8") as f:
-            if not any(line.strip() for line in f):
-                p.error(f"--input {args.input}: no sentences in it")
-    except UnicodeDecodeError as error:
-        p.error(f"--input {args.input}: not UTF-8 text ({error})")
+    input_lines(p, args.input)
     return args
 
 

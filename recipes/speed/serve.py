@@ -26,7 +26,7 @@ import numpy as np
 from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import existing_file, output_file, refuse_duplicates
-from recipes.speed.options import load_export, require
+from recipes.speed.options import input_lines, load_export, require
 
 
 def parser():
@@ -51,11 +51,7 @@ def parser():
 
 def sentences(p, args, codec) -> list:
     if args.input:
-        try:
-            with open(args.input, encoding="utf-8") as f:
-                return [line.rstrip("\n") for line, _ in zip(f, range(args.sentences))]
-        except UnicodeDecodeError as error:
-            p.error(f"--input {args.input}: not UTF-8 text ({error})")
+        return input_lines(p, args.input, args.sentences)
     rng = np.random.default_rng(args.seed)
     symbols = codec.src_dict.symbols[4:]  # fairseq's four special symbols first
     lines = [" ".join(rng.choice(symbols, rng.integers(args.lengths[0], args.lengths[1] + 1)))
@@ -111,8 +107,6 @@ def main(argv=None):
 
     translator, codec = load_export(p, args.model, args.threads)
     lines = sentences(p, args, codec)
-    if not any(line.strip() for line in lines):
-        p.error(f"--input {args.input}: no sentences in it")
     options = dict(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     for number, line in enumerate(lines, start=1):  # the server would answer 413 or 400, failing a client
         try:
