@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 from .checkpoint_fit import transformer_shape_options
 from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
 from .errors import UserError
-from .staging import staging_beside
+from .staging import replace_atomically, staging_beside
 # WRITE_PREFIX: the only parameters the source lacks
 from .models.transformer_memattn.model import WRITE_PREFIX, keep_layers, memory_architecture
 
@@ -294,9 +294,7 @@ def save_checkpoint(state: dict, path: str) -> None:
 
     if OmegaConf.is_config(state.get("cfg")):
         state = dict(state, cfg=OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    replace_atomically(path, lambda partial: torch.save(state, partial))
 
 
 def convert(checkpoint: str, out: str, memory_options: Dict[str, object], data: Optional[str] = None,

@@ -1,11 +1,11 @@
-"""Outputs written in a folder beside their final path and moved in once complete, so that a
-refusal or a failure leaves what was there before."""
+"""Outputs written beside their final path (a folder, or one file) and moved in once complete, so
+that a refusal, a failure or an interruption leaves what was there before."""
 
 import contextlib
 import os
 import shutil
 import tempfile
-from typing import Iterator, Type
+from typing import Callable, Iterator, Type
 
 from .errors import UserError
 
@@ -36,3 +36,18 @@ def staging_beside(out: str, error: Type[UserError] = UserError) -> Iterator[str
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def replace_atomically(path: str, write: Callable[[str], None]) -> None:
+    """``write(partial)`` to a file beside ``path`` (the same folder, so that the rename is atomic,
+    and the same extension, which some writers read the format from), then renamed to ``path``."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    partial = os.path.join(folder, f".{os.getpid()}.partial.{name}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise

@@ -425,3 +425,25 @@ def test_numpy_values_load_whichever_numpy_saved_them(tmp_path, numpy_module):
                      .replace(b"numpy.core.multiarray", numpy_module.encode() + b".multiarray"))
     loaded = torch.load(path, weights_only=True)
     assert loaded["best"] == 12.5 and loaded["counts"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_write_that_fails_leaves_the_file_as_it_was(tmp_path):
+    """staging.replace_atomically (the converter's checkpoint, the plot's image): the old file
+    stays whole and no partial file is left when the writer fails halfway."""
+    from fairseq_memattn.staging import replace_atomically
+
+    path = tmp_path / "sub" / "out.pt"
+
+    def write(text):
+        def writer(partial):
+            assert os.path.dirname(partial) == str(path.parent) and partial.endswith(".pt")
+            with open(partial, "w") as f:
+                f.write(text)
+            if text == "broken":
+                raise KeyboardInterrupt
+        return writer
+
+    replace_atomically(str(path), write("first"))
+    with pytest.raises(KeyboardInterrupt):
+        replace_atomically(str(path), write("broken"))
+    assert path.read_text() == "first" and os.listdir(path.parent) == ["out.pt"]

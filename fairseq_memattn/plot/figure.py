@@ -2,11 +2,12 @@
 weights of an :class:`Alignment`, whatever model they were captured from (``capture.py``)."""
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
+
+from ..staging import replace_atomically
 
 CELL_INCHES = 0.2  # side of one token's cell in the main panels
 MAIN_PANEL_INCHES = (2.5, 11.0)  # smallest and largest side of a main panel
@@ -254,15 +255,6 @@ def draw(alignments: List[Alignment], max_ticks: int = 40):
 
 
 def save(fig, path: str, dpi: int) -> None:
-    """Write via a temporary file so that a failure never leaves a partial image behind."""
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # Same directory (os.replace stays atomic), same extension (savefig picks the format by it).
-    tmp = os.path.join(directory, f".{os.getpid()}.partial.{name}")
-    try:
-        fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the image so that a failure never leaves a partial one behind (savefig picks the format
+    by the extension, which the partial file keeps)."""
+    replace_atomically(path, lambda partial: fig.savefig(partial, dpi=dpi))
