@@ -342,7 +342,7 @@ def main(argv=None):
     args.out = args.out or DEFAULT_OUT[args.pair]
     os.environ["OMP_NUM_THREADS"] = "1"  # fairseq-train, -generate and -validate on one thread each
     if args.report:
-        if not any(os.path.isfile(log_path(args, model)) for model in reported_models(args)):
+        if not reported_models(args):  # the models with a log
             p.error(f"--out {args.out}: no run's log under {stage_dir(args)} to report (--out is the folder "
                     "the driver wrote)")
         write_results(args, conversion_rows(args))

@@ -2,6 +2,7 @@
 any timing, and the settings measurements were made with, compared on reuse."""
 
 import argparse
+import itertools
 
 from fairseq_memattn.errors import UserError, import_installed
 from recipes import cli
@@ -20,7 +21,7 @@ def input_lines(p: argparse.ArgumentParser, path: str, limit: int = None) -> lis
     holds no sentence."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for index, line in enumerate(f) if limit is None or index < limit]
+            lines = [line.rstrip("\n") for line in itertools.islice(f, limit)]  # no further than LIMIT
     except UnicodeDecodeError as error:
         p.error(f"--input {path}: not UTF-8 text ({error})")
     if not any(line.strip() for line in lines):
