@@ -48,13 +48,19 @@ def shared_tables(state) -> Dict[str, object]:
             "share_all_embeddings": _tied(state, "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")}
 
 
+def _memory_read(attention_parameters) -> str:
+    """Memory attention's --memory-read, told by its parameters (names below the attention):
+    only the attention read scores the rows (``read.v``)."""
+    return "attention" if "read.v.weight" in attention_parameters else "mix"
+
+
 def _attention_type(parameter_names, has_context) -> str:
     """The LSTM's --attention-type values whose attention has exactly these parameters
     and gives the output layer a context (has_context) or not; "dot/scaled_dot"
     have the same (no) parameters, so they cannot be told apart."""
     memory = {"memory_" + f.name: f.default for f in dataclasses.fields(MemoryConfig)}
 
-    read = "attention" if "read.v.weight" in parameter_names else "mix"  # memory attention's --memory-read
+    read = _memory_read(parameter_names)
 
     def fits(kind):
         args = argparse.Namespace(attention_type=kind, attention_dim=None, memory_read=read,
@@ -78,14 +84,13 @@ def lstm_shape_options(state) -> Dict[str, object]:
     mix = "decoder.attention_mix.weight" in state
     output_input = _dim(state, "decoder.attention_mix.weight" if mix else "decoder.output_projection.weight", 1)
     has_context = None if None in (hidden_size, output_input) else output_input > hidden_size
+    attention_parameters = [name[len(attention):] for name in state if name.startswith(attention)]
+    memory = "writer.W_alpha.weight" in attention_parameters
     return {
-        "attention_type": _attention_type(
-            [name[len(attention):] for name in state if name.startswith(attention)], has_context),
+        "attention_type": _attention_type(attention_parameters, has_context),
         "memory_k": _dim(state, attention + "writer.W_alpha.weight", 0),
-        "memory_position_window": (attention + "writer.window_log_width" in state
-                                   if attention + "writer.W_alpha.weight" in state else None),
-        "memory_read": (("attention" if attention + "read.v.weight" in state else "mix")
-                        if attention + "writer.W_alpha.weight" in state else None),
+        "memory_position_window": "writer.window_log_width" in attention_parameters if memory else None,
+        "memory_read": _memory_read(attention_parameters) if memory else None,
         "attention_dim": _dim(state, attention + "v.weight", 1) or _dim(state, attention + "read.v.weight", 1),
         "encoder_embed_dim": _dim(state, "encoder.embed_tokens.weight", 1),
         "encoder_hidden_size": _dim(state, "encoder.lstm.weight_hh_l0", 1),

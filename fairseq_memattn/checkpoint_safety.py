@@ -99,6 +99,21 @@ def architecture(model_cfg) -> str:
     return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
 
 
+def registered_model(model_cfg):
+    """The model class fairseq has registered for a checkpoint's --arch (or model name); None if none."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    arch = architecture(model_cfg)
+    return ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+
+
+def task_setup_failed(path: str, error: BaseException) -> str:
+    """What to say when a checkpoint's task cannot be set up: usually its dictionaries' folder (the
+    task's data) has moved since training."""
+    return (f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
+            f"pass --data DIR, the folder with its dictionaries")
+
+
 _REFUSED = "Weights only load failed"
 SAFE_CONTENTS = "tensors, containers, argparse.Namespace, numpy scalars and numeric arrays"
 

@@ -25,7 +25,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_fit import transformer_shape_options
-from .checkpoint_safety import CheckpointError, architecture, read_checkpoint
+from .checkpoint_safety import CheckpointError, architecture, read_checkpoint, registered_model, task_setup_failed
 from .errors import UserError
 from .staging import replace_atomically, staging_beside
 # WRITE_PREFIX: the only parameters the source lacks
@@ -62,7 +62,7 @@ def check_source_architecture(model_cfg, path: str) -> None:
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
     arch = architecture(model_cfg)
-    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    model_class = registered_model(model_cfg)
     if model_class is not None and issubclass(model_class, ARCH_MODEL_REGISTRY[MEMATTN_ARCH]):
         raise ConvertError(f"{path} is already a memory attention model (--arch {arch})")
     if model_class is not MODEL_REGISTRY[SOURCE_MODEL]:
@@ -115,8 +115,7 @@ def setup_task(cfg, path: str):
     try:
         return tasks.setup_task(cfg.task)
     except (OSError, ValueError, AssertionError) as error:
-        raise ConvertError(f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
-                           f"pass --data DIR, the folder with its dictionaries")
+        raise ConvertError(task_setup_failed(path, error))
 
 
 def check_dictionaries(task, cfg, weights: dict, path: str) -> None:

@@ -161,8 +161,9 @@ def test_dot_attention_needs_matching_sizes():
         build_attention(attention_args(attention_type="dot"), encoder_dim=16, decoder_dim=12)
 
 
-@pytest.mark.parametrize("name, value", [("encoder_hidden_size", 0), ("decoder_layers", 0),
-                                         ("memory_position_max_len", 0), ("dropout", 1.5)])
+@pytest.mark.parametrize("name, value", [("encoder_hidden_size", 0), ("decoder_layers", 0), ("decoder_layers", True),
+                                         ("encoder_embed_dim", 2.0), ("memory_position_max_len", 0),
+                                         ("dropout", 1.5)])
 def test_bad_model_sizes(dictionary, name, value):
     with pytest.raises(ValueError, match=f"invalid --{name.replace('_', '-')}: {value}"):
         build_model(dictionary, **{name: value})

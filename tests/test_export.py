@@ -493,7 +493,7 @@ def test_a_refused_export_leaves_an_earlier_one_whole(tmp_path):
         export(str(missing), str(earlier), force=True)
     with pytest.raises(ExportError, match=f"invalid --sentencepiece-model: {re.escape(str(tmp_path))} is a folder"):
         export(str(missing), str(earlier), sentencepiece_model=str(tmp_path), force=True)
-    with pytest.raises(ExportError, match=r"invalid --sentencepiece-model: .*not found"):
+    with pytest.raises(ExportError, match=r"invalid --sentencepiece-model: .*: no such sentencepiece model"):
         export(str(missing), str(earlier), sentencepiece_model=str(tmp_path / "none.model"), force=True)
     with pytest.raises(ExportError, match=r"invalid --sentencepiece-model: .*config.json is not a sentencepiece model"):
         export(str(missing), str(earlier), sentencepiece_model=str(earlier / "config.json"), force=True)

@@ -15,12 +15,15 @@ class SentencePiece:
     def __init__(self, path: str):
         sentencepiece = import_installed("sentencepiece", "--bpe sentencepiece needs the sentencepiece package: "
                                                           "pip install sentencepiece")
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a folder, not a sentencepiece model")
         if not os.path.isfile(path):
             raise ValueError(f"{path}: no such sentencepiece model")
         try:
             self.model = sentencepiece.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as error:
-            raise ValueError(f"{path}: not a readable sentencepiece model ({error})") from None
+            reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+            raise ValueError(f"{path} is not a sentencepiece model ({reason})") from None
 
     def encode(self, line: str) -> str:
         return " ".join(self.model.encode(line, out_type=str))

@@ -32,11 +32,11 @@ class ExportError(UserError):
 def load_checkpoint(path: str, data: str = None):
     """(model in eval mode, task) from a fairseq checkpoint of this plugin, or ExportError."""
     from fairseq import checkpoint_utils
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
     from .. import register
-    from ..checkpoint_safety import CheckpointError, architecture, read_checkpoint
+    from ..checkpoint_safety import (CheckpointError, architecture, read_checkpoint, registered_model,
+                                     task_setup_failed)
     from ..models.lstm_memattn import MemAttnLSTMModel
     from ..models.transformer_memattn import MemAttnTransformerModel
 
@@ -49,7 +49,7 @@ def load_checkpoint(path: str, data: str = None):
         raise ExportError(str(error)) from None
     cfg = state["cfg"]
     arch = architecture(cfg["model"])
-    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    model_class = registered_model(cfg["model"])
     if model_class not in (MemAttnTransformerModel, MemAttnLSTMModel):
         # fairseq's own transformer: the memory model is one conversion and a short fine-tuning away
         hint = ("; convert it first (fairseq-memattn-convert CHECKPOINT OUT.pt --memory-k 64, then fine-tune), "
@@ -64,8 +64,7 @@ def load_checkpoint(path: str, data: str = None):
     except UserError:
         raise  # ours already names the problem and its fix (a misfit, a source too long)
     except (OSError, ValueError) as error:
-        raise ExportError(f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
-                          f"pass --data DIR, the folder with its dictionaries")
+        raise ExportError(task_setup_failed(path, error))
     model = models[0].float().eval()
     return model, task
 
@@ -143,17 +142,15 @@ def check_out(out: str, force: bool):
 
 
 def check_sentencepiece(path: str):
+    """--sentencepiece-model, read as the translator will read it."""
     if path is None:
         return
-    if not os.path.isfile(path):
-        raise ExportError(f"invalid --sentencepiece-model: {path} is {'a folder' if os.path.isdir(path) else 'not found'}")
-    import sentencepiece
+    from ..deploy.text import SentencePiece
 
     try:
-        sentencepiece.SentencePieceProcessor(model_file=path)
-    except (OSError, RuntimeError) as error:
-        raise ExportError(f"invalid --sentencepiece-model: {path} is not a sentencepiece model "
-                          f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__})")
+        SentencePiece(path)
+    except ValueError as error:
+        raise ExportError(f"invalid --sentencepiece-model: {error}") from None
 
 
 def replace_export(out: str, staging: str):

@@ -27,6 +27,7 @@ from ..errors import UserError
 from ..hub import MemAttnHubModel
 from ..modules.attention import ATTENTION_TYPES, LSTM_MEMORY_READS, MemoryAttention, build_attention
 from ..modules.beam_sharing import select_shared_rows
+from ..modules.numerics import check_positive_integer
 from ..checkpoint_fit import check_family, check_lstm_fits, parameters_said_by_name
 from ..arg_types import positive_int, probability_below_one
 from .memory_options import (ALIGNMENT_CRITERION, add_memory_args, check_alignment_distribution,
@@ -419,9 +420,7 @@ def check_sizes(args):
     for name in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
                  "decoder_embed_dim", "decoder_hidden_size", "decoder_layers",
                  "max_source_positions", "max_target_positions"):  # the memory's: MemoryConfig
-        value = getattr(args, name)
-        if not isinstance(value, int) or value < 1:
-            raise UserError(f"invalid --{name.replace('_', '-')}: {value!r} (must be an integer >= 1)")
+        check_positive_integer(f"--{name.replace('_', '-')}", getattr(args, name))
     if not 0.0 <= args.dropout < 1.0:
         raise UserError(f"invalid --dropout: {args.dropout!r} (must be in [0, 1))")
 

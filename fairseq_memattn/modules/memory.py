@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import UserError
-from .numerics import check_choice, masked_fill_min, sum_of_products, widen
+from .numerics import check_choice, check_positive_integer, masked_fill_min, sum_of_products, widen
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 # Eq. 5 normalises alpha_t over the K contexts at each encoder step ("contexts",
@@ -52,8 +52,8 @@ class MemoryConfig:
 
     def __post_init__(self):
         for option, value in (("--memory-k", self.k), ("--memory-position-max-len", self.position_max_len)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise UserError(f"invalid {option}: {value!r} (must be an integer >= 1)")
+            if value is not None:
+                check_positive_integer(option, value)
         check_choice("--memory-encoder-score", self.encoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-decoder-score", self.decoder_score, SCORE_FUNCTIONS)
         check_choice("--memory-encoder-normalize", self.encoder_normalize, ENCODER_NORMALIZATIONS)

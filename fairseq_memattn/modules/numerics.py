@@ -1,4 +1,5 @@
-"""Small numeric helpers the attention modules share: half-precision-safe masking and sums."""
+"""Small helpers the attention modules share: their options' checks for models built from Python,
+half-precision-safe masking and sums."""
 
 import torch
 from torch import Tensor
@@ -10,6 +11,12 @@ def check_choice(name: str, value, choices) -> None:
     """argparse's "invalid choice" as a UserError, for modules built from Python."""
     if value not in choices:
         raise UserError(f"invalid {name}: {value!r} (choose from {', '.join(map(str, choices))})")
+
+
+def check_positive_integer(name: str, value) -> None:
+    """argparse's "invalid value" for an integer option >= 1, as a UserError (True is not 1)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"invalid {name}: {value!r} (must be an integer >= 1)")
 
 
 def masked_fill_min(scores: Tensor, mask: Tensor) -> Tensor:

@@ -135,10 +135,9 @@ def check_models(p, args):
         p.error("--trained needs --data, the folder with its test split and dictionaries")
     check(p, "--data", folder_with(os.path.join("bpe", f"test.{args.source_lang}"),
                                    os.path.join("data-bin", f"dict.{args.source_lang}.txt")), args.data)
-    from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
-    from fairseq_memattn.checkpoint_safety import architecture, read_checkpoint
+    from fairseq_memattn.checkpoint_safety import architecture, read_checkpoint, registered_model
     from fairseq_memattn.errors import UserError
     from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
 
@@ -148,9 +147,8 @@ def check_models(p, args):
             cfg = read_checkpoint(checkpoint)["cfg"]
         except UserError as error:
             p.error(f"argument --trained: {error}")
-        arch = architecture(cfg["model"])
-        if ARCH_MODEL_REGISTRY.get(arch) is not wanted:
-            p.error(f"argument --trained: {checkpoint} holds a {arch} model, not a {kind} "
+        if registered_model(cfg["model"]) is not wanted:
+            p.error(f"argument --trained: {checkpoint} holds a {architecture(cfg['model'])} model, not a {kind} "
                     f"(give a fairseq transformer, then a transformer_memattn)")
         source, target = (getattr(cfg["task"], key, None) for key in ("source_lang", "target_lang"))
         if source and source != args.source_lang:  # the test split of another language would be timed
