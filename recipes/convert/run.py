@@ -27,6 +27,7 @@ every step takes them, so that one command line serves all, and the conversion t
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -64,8 +65,10 @@ def memory_flags(flags):
     return picked
 
 
+@functools.lru_cache(maxsize=2)
 def load(checkpoint):
-    """A fairseq checkpoint's state, on the CPU."""
+    """A fairseq checkpoint's state, on the CPU, read once per command (the source is asked for its
+    updates and its weights; callers only read it)."""
     import fairseq_memattn
 
     fairseq_memattn.register()  # torch.load's allowlist for fairseq checkpoints
