@@ -124,7 +124,8 @@ class ContentAttention(Attention):
 
     def lookup(self, memory, query):
         scores = self.score(query, memory["keys"])
-        scores = masked_fill_min(scores, memory["padding_mask"].unsqueeze(1))
+        if "padding_mask" in memory:  # a source's padding; memory attention's K rows have none
+            scores = masked_fill_min(scores, memory["padding_mask"].unsqueeze(1))
         weights = F.softmax(widen(scores), dim=-1)  # Eq. 2
         context = sum_of_products(weights, memory["values"])  # Eq. 1
         return context, weights
@@ -266,13 +267,13 @@ class MemoryAttention(Attention):
 
     def read_memory(self, contexts: Tensor) -> Memory:
         """What the read needs of C, once per source: C itself, or for the attention read C as
-        its values, the source half of its scores as keys (in the model's precision) and no padding."""
+        its values and the source half of its scores as keys (in the model's precision)."""
         if not self.reads_content:
             return {"contexts": contexts}
         # C stays float32 as the values (the mix); the keys go through the model's own precision,
         # where the rows' sums (at most |S| / (1 - dropout) in size) fit float16
         keys = self.read.project_keys(contexts.to(self.read.source_proj.weight.dtype))
-        return {"keys": keys, "values": contexts, "padding_mask": keys.new_zeros(keys.shape[:2], dtype=torch.bool)}
+        return {"keys": keys, "values": contexts}
 
     def build_memory(self, states, padding_mask):
         contexts, alpha = self.writer.write(states, padding_mask)
