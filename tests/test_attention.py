@@ -116,12 +116,12 @@ def test_an_option_a_checkpoint_predates_has_the_behaviour_of_its_time():
     assert MemoryConfig.from_options(attention_args(memory_position_normalize="mean")).position_normalize == "mean"
 
 
-def test_position_encodings_multiply_encoder_scores():
+def test_position_encodings_multiply_write_weights():
     """Eq. 9: alpha_s = score(W_alpha h_s o l_s)."""
     torch.manual_seed(3)
     attn = MemoryAttention(6, 5, MemoryConfig(k=2, position_encoding=True, position_max_len=4))
     states, mask = random_states([3])
-    alpha = attn.writer.encoder_scores(states, mask)
+    alpha = attn.writer.write_weights(states, mask)
     pe = position_encodings(mask, 2, 4)
     torch.testing.assert_close(alpha, torch.softmax(attn.writer.W_alpha(states) * pe, -1))
 

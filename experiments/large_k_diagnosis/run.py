@@ -61,7 +61,7 @@ def instrument(model, stats):
     def recording_build_memory(states, padding_mask):
         memory = build_memory(states, padding_mask)
         with torch.no_grad():
-            alpha = attention.encoder_scores(states, padding_mask)  # B x S x K
+            alpha = attention.write_weights(states, padding_mask)  # B x S x K
             stats["row_norm"].append(memory["contexts"].norm(dim=-1).mean().item())
             stats["row_mass"].append(alpha.sum(dim=1).mean().item())
             stats["state_norm"].append(states.norm(dim=-1)[~padding_mask].mean().item())

@@ -270,7 +270,7 @@ class MemoryAttention(Attention):
         its values and the source half of its scores as keys (in the model's precision)."""
         if not self.reads_content:
             return {"contexts": contexts}
-        # C stays float32 as the values (the mix); the keys go through the model's own precision,
+        # C stays float32 as the values, as in the mix read; the keys go through the model's own precision,
         # where the rows' sums (at most |S| / (1 - dropout) in size) fit float16
         keys = self.read.project_keys(contexts.to(self.read.source_proj.weight.dtype))
         return {"keys": keys, "values": contexts}

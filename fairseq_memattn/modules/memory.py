@@ -9,9 +9,11 @@ Britz, Guan & Luong, "Efficient Attention using a Fixed-Size Memory Representati
 
 Each module's ``onnx_*`` method builds the same computation into an ONNX graph
 (``export/graph.Graph``) from the module's own weights, so the export follows any change here.
-alpha, beta, C and c are computed in float32 for a half-precision model or under autocast:
-with sigmoid scores neither sum is normalised, |c| <= K |S| max|s_t|, which at K = 32,
-|S| = 2000 and dropout 0.2 on LSTM outputs (|h| <= 1) is 80,000, beyond float16's 65,504.
+alpha, beta, C and c are computed in float32 for a half-precision model or under autocast, so
+that the sums over |S| tokens and K rows keep float32's digits; the decoder then goes on in its own
+precision. With sigmoid scores neither sum is normalised: |c| <= K |S| max|s_t|, which at K = 32,
+|S| = 2000 and dropout 0.2 on LSTM outputs (|h| <= 1) is 80,000, beyond float16's 65,504, so a
+sigmoid/sigmoid model on long sources trains in float32 or bfloat16 (--bf16), not --fp16.
 """
 
 import math
@@ -82,7 +84,7 @@ def score_function(name: str, scores: Tensor, dim: int, mask: Optional[Tensor] =
     if name == "softmax":
         if mask is not None:
             scores = masked_fill_min(scores, mask)
-        probs = F.softmax(scores.float(), dim=dim).type_as(scores)
+        probs = F.softmax(widen(scores), dim=dim).type_as(scores)
     else:
         probs = torch.sigmoid(scores)
     if mask is not None:
@@ -102,8 +104,15 @@ def source_too_long(which: str, length: int, limit: int) -> str:
             f"split it")
 
 
+def sentence_positions(padding_mask: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(s: B x S_batch, 1-based position of each token within its own sentence, so that left
+    padding does not shift it; |x|: B, each sentence's length), in ``dtype``."""
+    tokens = ~padding_mask
+    return tokens.cumsum(dim=1).to(dtype), tokens.sum(dim=1).to(dtype)
+
+
 def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
-                       normalize: str = "sum") -> Tensor:
+                       normalize: str = "sum", dtype: torch.dtype = torch.float32) -> Tensor:
     """Eq. 10 with the masking and renormalisation of Sec. 3.2.
 
     L_ks = (1 - k/K)(1 - s/S) + (k/K)(s/S), k = 1..K the context index and
@@ -113,10 +122,10 @@ def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
     (``normalize="sum"``, the paper), or to mean 1, i.e. to sum to |x| ("mean").
     Returns l: B x S_batch x K.
     """
-    lengths = (~padding_mask).sum(dim=1)
+    positions, lengths = sentence_positions(padding_mask, dtype)
     if (lengths > max_len).any():
         raise UserError(source_too_long("a source", int(lengths.max()), max_len))
-    s = (~padding_mask).cumsum(dim=1).unsqueeze(-1).to(torch.float32)  # 1-based positions
+    s = positions.unsqueeze(-1)
     k = torch.arange(1, num_contexts + 1, device=s.device, dtype=s.dtype) / num_contexts
     L = (1 - k) * (1 - s / max_len) + k * (s / max_len)
     L = L.masked_fill(padding_mask.unsqueeze(-1), 0.0)
@@ -137,11 +146,11 @@ def window_scores(padding_mask: Tensor, log_width: Tensor) -> Tensor:
     its own stretch of about |x|/K tokens: the paper's hope for its position
     encodings (Sec. 5: "C_1 roughly focuses on tokens 1 to 4, C_2 on tokens 5
     to 8"), made the starting point instead of something to learn."""
-    lengths = (~padding_mask).sum(dim=1, keepdim=True).clamp_min(1)
-    r = ((~padding_mask).cumsum(dim=1) - 0.5) / lengths  # B x S
-    K = log_width.numel()
-    c = (torch.arange(K, device=r.device, dtype=torch.float32) + 0.5) / K
     width = widen(log_width).exp()
+    positions, lengths = sentence_positions(padding_mask, width.dtype)
+    r = (positions - 0.5) / lengths.clamp_min(1).unsqueeze(1)  # B x S
+    K = log_width.numel()
+    c = (torch.arange(K, device=r.device, dtype=r.dtype) + 0.5) / K
     return -0.5 * ((r.unsqueeze(-1) - c) / width) ** 2
 
 
@@ -172,13 +181,13 @@ class MemoryWrite(nn.Module):
         self.W_alpha = nn.Linear(encoder_dim, K, bias=False)  # Eq. 5
         self.window_log_width = nn.Parameter(torch.full((K,), -math.log(K))) if config.position_window else None
 
-    def encoder_scores(self, states: Tensor, padding_mask: Tensor) -> Tensor:
+    def write_weights(self, states: Tensor, padding_mask: Tensor) -> Tensor:
         """alpha: B x S x K (Eq. 5, or Eq. 9 with position encodings), in float32 or wider."""
         scores = widen(self.W_alpha(states))
         if self.position_encoding_max_len is not None:
             pe = position_encodings(padding_mask, self.num_contexts, self.position_encoding_max_len,
-                                    self.position_normalize)
-            scores = scores * pe.type_as(scores)  # Eq. 9: W_alpha h_s o l_s
+                                    self.position_normalize, scores.dtype)
+            scores = scores * pe  # Eq. 9: W_alpha h_s o l_s
         if self.window_log_width is not None:
             scores = scores + window_scores(padding_mask, self.window_log_width).type_as(scores)
         dim = -1 if self.encoder_normalize == "contexts" else 1
@@ -186,7 +195,7 @@ class MemoryWrite(nn.Module):
 
     def write(self, states: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """(C: B x K x E, alpha: B x S x K) from states B x S x E (padding_mask: True at padding)."""
-        alpha = self.encoder_scores(states, padding_mask)
+        alpha = self.write_weights(states, padding_mask)
         return sum_of_products(alpha.transpose(1, 2), states), alpha  # Eq. 4: C = alpha^T s
 
     def onnx_write(self, g, states: str, padding: str, tokens_mask_f: str, positions: str,
