@@ -3,6 +3,7 @@ models side by side, decoding best and averaged checkpoints, the archive) and th
 it here. After this passes, the GPU run can only fail because of the GPU."""
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -218,6 +219,57 @@ def test_cpu_training_stops_after_patience_epochs_however_often_it_is_resumed(tm
     assert converge_cpu.train(args, "transformer", None, lambda: None) and asked == [8]  # the cap
 
 
+def test_a_round_that_validates_no_epoch_stops_the_model(tmp_path, monkeypatch):
+    """A checkpoint in --work ahead of the log (fairseq-train resumes past --max-epoch and trains
+    nothing): the model stops with a message instead of asking for the same epochs forever."""
+    from argparse import Namespace
+
+    from recipes.bible import converge_cpu
+
+    asked, said = [], []
+    monkeypatch.setattr(converge_cpu, "run_fairseq", lambda command, log, lock: asked.append(command) or True)
+    monkeypatch.setattr(converge, "log", said.append)
+    args = Namespace(out=str(tmp_path), work=str(tmp_path), data=str(tmp_path), seed=1, patience=3,
+                     max_epoch=100, train_args=[], pair="transformer")
+    assert converge_cpu.train(args, "transformer", None, lambda: None) is False
+    assert len(asked) == 1 and "validated no new epoch" in said[-1]
+
+
+def test_outputs_of_an_earlier_best_checkpoint_are_decoded_again(tmp_path, monkeypatch):
+    """Training resumed (a larger --patience) moved checkpoint_best.pt: its old outputs are removed
+    and the model decoded again; the table's best update is the decoded checkpoint's."""
+    from argparse import Namespace
+
+    from recipes.bible import converge_cpu
+
+    args = Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), data=str(tmp_path))
+    folder = tmp_path / "out" / "cpu" / "lstm_att"
+    for part in ("best/hyp.valid.fr", "average/hyp.test.fr", "average/hyp.valid.fr"):
+        (folder / part).parent.mkdir(parents=True, exist_ok=True)
+        (folder / part).write_text("old\n")
+    os.makedirs(converge_cpu.checkpoint_dir(args, "lstm_att"))
+    open(converge_cpu.best_checkpoint(args, "lstm_att"), "w").close()
+    saved = {"updates": 100}
+    monkeypatch.setattr(converge_cpu.convert_run, "saved_updates", lambda path: saved["updates"])
+    assert converge_cpu.decoded(args, "lstm_att")  # decoded before the update was kept: taken as current
+    (folder / "best" / converge.BEST_RECORD).write_text(json.dumps({"updates": 100}))
+    assert converge_cpu.decoded(args, "lstm_att")
+    saved["updates"] = 140
+    assert not converge_cpu.decoded(args, "lstm_att")
+    decoded = []
+    monkeypatch.setattr(converge, "decode", lambda settings, stage, work, model: decoded.append(
+        sorted(p.name for p in (folder).rglob("*") if p.is_file())))
+    monkeypatch.setattr(converge, "diagnose", lambda *args: None)
+    converge_cpu.decode(args, "lstm_att")
+    assert decoded == [[]]  # the earlier best checkpoint's outputs gone before decoding
+    (folder / "best").mkdir()
+    (folder / "best" / converge.BEST_RECORD).write_text(json.dumps({"updates": 140}))
+    (folder / "train.log").write_text("".join(
+        f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss {loss} | nll_loss 1 "
+        f"| num_updates {20 * e}\n" for e, loss in ((6, 3.2), (7, 3.2), (8, 3.3))))
+    assert converge.read_run(str(folder), {})["log"]["best_update"] == 140  # the log's first tie: 120
+
+
 def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, monkeypatch):
     """The driver's threads against stand-ins for fairseq-train and the decoders: lstm_att stops after
     3 epochs, the others train until lstm_att has been decoded (or 10 s); the test split from the best
@@ -376,8 +428,9 @@ def test_cpu_lstm_run_decodes_and_diagnoses_the_three_lstms_and_converts_nothing
                                          if line.startswith(f"| {model} |")).strip("|").split("|")]
         assert cells[1:3] == ["CPU", "--max-epoch"] and cells[4] == "1"
         assert all(float(cell) >= 0 for cell in cells[6:8]) and cells[8:10] == ["", ""] and float(cells[12]) > 0
-    # The variant on validation only, beside the pair; the memory LSTMs' reads measured.
-    assert not any((results / "cpu" / "lstm_memattn_position_mean").glob("*/hyp.test.fr"))
+    # The variant put forward as the fix (converge.FIXES) on test too, beside the pair; the memory LSTMs'
+    # reads measured.
+    assert (results / "cpu" / "lstm_memattn_position_mean" / "best" / "hyp.test.fr").exists()
     section = table.split("## The LSTM gap, on validation")[1]
     variant = [line for line in section.splitlines() if line.startswith("| lstm_memattn_position_mean |")]
     assert len(variant) == 2 and variant[1].split("|")[2].strip() == "--memory-position-normalize mean"
@@ -515,3 +568,18 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
     runs["lstm_memattn"] = {"log": {"stopped": "no epoch", "updates": 0, "epochs": 0, "best_valid_loss": float("nan"),
                                     "best_update": 0, "curve": []}, "checkpoints": {}}
     assert converge.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | no epoch yet | 0 | 0 |  |  |  |  |  |  |  |  |"
+
+
+def test_the_table_names_the_driver_of_each_model_it_shows():
+    """A variant trained by a driver of its own beside the trio (its own --work, the same --out): the
+    table shows both command lines, whichever driver wrote it last."""
+    from recipes.bible import converge_cpu
+
+    trio = "nohup nice -n 10 python -m recipes.bible.converge_cpu --pair lstm --data DATA > converge_cpu.log 2>&1 &"
+    assert converge_cpu.driver_commands("lstm", list(converge_cpu.PAIRS["lstm"])) == [trio]
+    assert converge_cpu.driver_commands("lstm", [*converge_cpu.PAIRS["lstm"], "lstm_memattn_attention_read"]) == [
+        trio, "nohup nice -n 10 python -m recipes.bible.converge_cpu --pair lstm --models lstm_memattn_attention_read "
+              "--data DATA --work WORK2 > converge_cpu.log 2>&1 &"]
+    assert converge_cpu.driver_commands("lstm", ["lstm_att"]) == [
+        "nohup nice -n 10 python -m recipes.bible.converge_cpu --pair lstm --models lstm_att --data DATA "
+        "> converge_cpu.log 2>&1 &"]

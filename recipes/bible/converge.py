@@ -27,6 +27,7 @@ import fnmatch
 import gzip
 import json
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -40,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from fairseq_memattn.arg_types import non_negative_int, positive_int, positive_number
+from fairseq_memattn.staging import replace_atomically
 from recipes.bible import compare, lstm_gap
 from recipes.bible.options import prepared
 from recipes.cli import check, existing_file, folder_with, output_dir, refuse_duplicates
@@ -61,7 +63,7 @@ GPU_BATCH = {"transformer": ["--max-tokens", "8192"], "lstm_att": ["--batch-size
 GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.items()})
 # The LSTM gap's variants (docs/wmt17.md): a model of the LSTM pair with the options shown changed
 # (one thing, or the attention read on top of the mean-normalised encodings), trained with --models
-# beside the pair and compared with it on validation only.
+# beside the pair and compared with it on validation, except FIXES.
 VARIANTS = {
     "lstm_memattn_no_position": ("lstm_memattn", ["--no-memory-position-encoding"]),
     "lstm_memattn_position_mean": ("lstm_memattn", ["--memory-position-normalize", "mean"]),
@@ -76,6 +78,9 @@ VARIANTS = {
 }
 MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})
 GPU_BATCH.update({name: GPU_BATCH[model] for name, (model, _) in VARIANTS.items()})
+# The variants put forward as lstm_memattn's fix on validation evidence (docs/wmt17.md): decoded on
+# test like the pairs, for the comparison with lstm_att at convergence.
+FIXES = ("lstm_memattn_position_mean", "lstm_memattn_attention_read")
 PAIR_MODELS = [model for pair in PAIRS.items() for model in pair]  # what run trains by default
 LSTM_MODELS = ("lstm_att", "lstm_memattn", *VARIANTS)
 PLOTTED_EXAMPLE = 5  # the validation example whose attention is drawn
@@ -229,15 +234,38 @@ def evaluate(args, checkpoint, subset, out):
     return result
 
 
+def tested(model):
+    """Whether MODEL is decoded on test: the pairs' models and FIXES (the other variants: valid only)."""
+    return model not in VARIANTS or model in FIXES
+
+
+BEST_RECORD = "checkpoint.json"  # in MODEL/best/: the update the decoded checkpoint_best.pt was saved at
+
+
+def decoded_best(folder):
+    """The update of the checkpoint_best.pt that MODEL's folder FOLDER was decoded from, or None
+    (not decoded, or decoded before this was kept)."""
+    record = os.path.join(folder, "best", BEST_RECORD)
+    if not os.path.isfile(record):
+        return None
+    with open(record, encoding="utf-8") as f:
+        return json.load(f)["updates"]
+
+
 def decode(args, stage, work, model):
     """Valid and test from the averaged checkpoint and valid from the best one (models side by
-    side); test from the best one comes later, alone, for its time. VARIANTS: valid only."""
+    side); test from the best one comes later, alone, for its time. Not ``tested``: valid only."""
     folder = os.path.join(work, "checkpoints", model)
     best = os.path.join(folder, "checkpoint_best.pt")
     if not os.path.isfile(best):
         log(f"{model}: no checkpoint_best.pt, nothing to decode")
         return
     os.makedirs(os.path.join(stage, model, "best"), exist_ok=True)
+    # fairseq keeps a tie as the best, so the log's first epoch at the lowest (rounded) loss may not be it.
+    # Written whole at once: another thread's report may read it meanwhile.
+    record = json.dumps({"updates": convert_run.saved_updates(best)})
+    replace_atomically(os.path.join(stage, model, "best", BEST_RECORD),
+                       lambda path: pathlib.Path(path).write_text(record, encoding="utf-8"))
     evaluate(args, best, "valid", os.path.join(stage, model, "best"))
     last = epoch_checkpoints(folder)[-AVERAGE_LAST:]
     if len(last) > 1:
@@ -247,7 +275,7 @@ def decode(args, stage, work, model):
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "averaged.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(os.path.basename(p) for p in last) + "\n")
-        for subset in ("valid",) if model in VARIANTS else ("valid", "test"):
+        for subset in ("valid", "test") if tested(model) else ("valid",):
             evaluate(args, averaged, subset, out)
 
 
@@ -309,7 +337,7 @@ def convert(args, stage, work, deadline):
         return
     out, folder = os.path.join(stage, "convert"), os.path.join(work, "convert")
     os.makedirs(out, exist_ok=True)
-    updates = convert_run.source_updates(source)
+    updates = convert_run.saved_updates(source)
     with open(os.path.join(out, "source.json"), "w", encoding="utf-8") as f:
         json.dump({"updates": updates, "fractions": CONVERT_FRACTIONS}, f)
     step = [sys.executable, "-m", "recipes.convert.run"]
@@ -368,7 +396,7 @@ def run(args):
             list(pool.map(lambda m: decode(args, stage, args.work, m), args.models))
             conversion.result()
             list(pool.map(lambda m: diagnose(args, stage, args.work, m), [m for m in args.models if m in LSTM_MODELS]))
-        for model in [m for m in args.models if m not in VARIANTS]:  # alone on the machine, for the decoding time
+        for model in filter(tested, args.models):  # alone on the machine, for the decoding time
             best = os.path.join(args.work, "checkpoints", model, "checkpoint_best.pt")
             result = evaluate(args, best, "test", os.path.join(stage, model, "best")) if os.path.isfile(best) else None
             if result:
@@ -423,6 +451,8 @@ def score(hypotheses_path, references):
 def read_run(folder, references):
     """A model's folder of the archive: its training log and each checkpoint's scores."""
     run = {"log": read_train_log(os.path.join(folder, "train.log")), "checkpoints": {}}
+    if decoded_best(folder) is not None:
+        run["log"]["best_update"] = decoded_best(folder)
     for checkpoint in ("best", "average"):
         scores = {}
         for subset in ("valid", "test"):

@@ -11,18 +11,22 @@ LSTM gap's diagnosis points to, the same way (results/bible/converged/cpu_lstm/)
 
     nohup nice -n 10 python -m recipes.bible.converge_cpu --data DATA > converge_cpu.log 2>&1 &
 
-Safe to run again at any time: while a copy (or a fairseq-train it started) runs, another exits at
-once; a new one resumes each model from its checkpoint_last.pt and skips what is done. ``--jobs N``
-trains at most N models at once (the LSTM trio on two cores: ``--jobs 2``). Pause with
+Safe to run again at any time: while a copy with the same --work (or a fairseq-train it started)
+runs, another exits at once; a new one resumes each model from its checkpoint_last.pt and skips what
+is done. ``--jobs N`` trains at most N models at once (the LSTM trio on two cores: ``--jobs 2``).
+``--models`` trains some of them, or a variant, with a driver of its own beside the pair's (another
+--work, the same --out: one table shows them all). Pause every driver's training with
 ``pkill -STOP -f fairseq_cli.train`` and go on with ``pkill -CONT -f fairseq_cli.train``. The table
 and the curves are written again after every round of epochs, so they grow as training goes;
-``--report`` writes them from the logs so far at any time, also while a run goes on.
+``--report`` writes them from the logs so far at any time, also while a run goes on. A driver times
+the test decoding of its own models one at a time, not what another driver trains beside it.
 """
 
 import argparse
 import fcntl
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,11 +64,21 @@ DEFAULT_OUT = {"transformer": os.path.join(compare.REPO, "results", "bible", "co
                "lstm": os.path.join(compare.REPO, "results", "bible", "converged", "cpu_lstm")}
 
 
-def driver_command(pair, models=None):
+def driver_command(pair, models=None, work=None):
     option = "" if pair == "transformer" else f" --pair {pair}"
     if models and list(models) != list(PAIRS[pair]):
         option += " --models " + " ".join(models)
-    return f"nohup nice -n 10 python -m recipes.bible.converge_cpu{option} --data DATA > converge_cpu.log 2>&1 &"
+    option += " --data DATA" + (f" --work {work}" if work else "")
+    return f"nohup nice -n 10 python -m recipes.bible.converge_cpu{option} > converge_cpu.log 2>&1 &"
+
+
+def driver_commands(pair, models):
+    """The command lines that trained MODELS (those with a log under --out): the pair's driver, and
+    for models beyond the pair one beside it, with a --work of its own (each driver locks its --work)."""
+    pair_models = [m for m in models if m in PAIRS[pair]]
+    beside = [m for m in models if m not in PAIRS[pair]]
+    return ([driver_command(pair, pair_models)] if pair_models else []) + (
+        [driver_command(pair, beside, "WORK2")] if beside else [])
 
 
 def epochs_since_best(curve):
@@ -73,6 +87,14 @@ def epochs_since_best(curve):
         return 0
     losses = [loss for _, loss in curve]
     return len(losses) - 1 - losses.index(min(losses))
+
+
+def stop_reason(curve, args):
+    """Why training of a model with this validation curve is over: "converged" (--patience epochs
+    without a better loss), "max-epoch", or None (it goes on)."""
+    if epochs_since_best(curve) >= args.patience:
+        return "converged"
+    return "max-epoch" if len(curve) >= args.max_epoch else None
 
 
 def stage_dir(args):
@@ -92,19 +114,23 @@ def best_checkpoint(args, model):
     return os.path.join(checkpoint_dir(args, model), "checkpoint_best.pt")
 
 
+def logged_curve(args, model):
+    """MODEL's validation curve so far, [(updates, loss)] (one point an epoch); [] before its log."""
+    log = log_path(args, model)
+    return read_train_log(log)["curve"] if os.path.isfile(log) else []
+
+
 def epochs_validated(args, model):
     """The epochs of MODEL's log with a validation (train counts them so too: one an epoch)."""
-    log = log_path(args, model)
-    return len(read_train_log(log)["curve"]) if os.path.isfile(log) else 0
+    return len(logged_curve(args, model))
 
 
 def orphaned_log(args, model):
     """Why MODEL's log cannot be resumed (its run unfinished, and --work without the checkpoint it
     ended with, as on a new machine), or None: fairseq-train would start again from scratch while
     the patience count went on from the log."""
-    log = log_path(args, model)
-    curve = read_train_log(log)["curve"] if os.path.isfile(log) else []
-    if not curve or epochs_since_best(curve) >= args.patience or len(curve) >= args.max_epoch:
+    log, curve = log_path(args, model), logged_curve(args, model)
+    if not curve or stop_reason(curve, args):
         return None
     if os.path.isfile(os.path.join(checkpoint_dir(args, model), "checkpoint_last.pt")):
         return None
@@ -127,18 +153,22 @@ def train(args, model, lock, on_round):
     log = log_path(args, model)
     os.makedirs(os.path.dirname(log), exist_ok=True)
     while True:
-        curve = read_train_log(log)["curve"] if os.path.isfile(log) else []
-        waited = epochs_since_best(curve)
-        if waited >= args.patience or len(curve) >= args.max_epoch:
+        curve = logged_curve(args, model)
+        if stop_reason(curve, args):
             return True
         # No stop can come before patience - waited more epochs: one fairseq-train runs them all.
-        epochs = min(len(curve) + args.patience - waited, args.max_epoch)
+        epochs = min(len(curve) + args.patience - epochs_since_best(curve), args.max_epoch)
         options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST),
                    "--max-epoch", str(epochs), *args.train_args]
         command = converge.train_command(model, os.path.join(args.data, "data-bin"), checkpoint_dir(args, model),
                                          args.seed, options)
         if not run_fairseq(command, log, lock):
             converge.log(f"{model}: fairseq-train failed, see {log}")
+            return False
+        if len(logged_curve(args, model)) == len(curve):  # --work's checkpoint ahead of the log
+            converge.log(f"{model}: fairseq-train validated no new epoch: --work {args.work} holds a checkpoint "
+                         f"at or past --max-epoch {epochs} (validations in {log}: {len(curve)}); give the "
+                         "--out of that run, or another --work")
             return False
         on_round()
 
@@ -148,19 +178,28 @@ def decoding_settings(args):
     return Namespace(bundle=args.data, cpu=True, generate_args="", deadline=None)
 
 
-def decoded(folder, model):
-    parts = (("best/hyp.valid.fr", "average/hyp.valid.fr") if model in converge.VARIANTS else
-             ("best/hyp.valid.fr", "average/hyp.test.fr"))
-    return all(os.path.isfile(os.path.join(folder, part)) for part in parts)
+def decoded(args, model):
+    """Whether MODEL's outputs are there and from its checkpoint_best.pt as it is now (training
+    resumed with another --patience or --max-epoch may have moved it)."""
+    folder = os.path.join(stage_dir(args), model)
+    parts = ("best/hyp.valid.fr", "average/hyp.test.fr" if converge.tested(model) else "average/hyp.valid.fr")
+    if not all(os.path.isfile(os.path.join(folder, part)) for part in parts):
+        return False
+    updates, best = converge.decoded_best(folder), best_checkpoint(args, model)
+    # None: decoded before the update was kept
+    return updates is None or not os.path.isfile(best) or updates == convert_run.saved_updates(best)
 
 
 def decode(args, model):
-    """Valid from the best checkpoint and valid and test from the average of the last epochs' (a
-    variant: valid only); a memory LSTM's memory read on valid and its attention drawn
-    (converge.diagnose). Run as soon as the model has stopped, beside the others' training."""
+    """Valid from the best checkpoint and valid and test from the average of the last epochs' (not
+    ``converge.tested``: valid only); a memory LSTM's memory read on valid and its attention drawn
+    (converge.diagnose). Run as soon as the model has stopped, beside the others' training; outputs
+    of an earlier best checkpoint are removed first."""
     stage = stage_dir(args)
-    if decoded(os.path.join(stage, model), model):
+    if decoded(args, model):
         return
+    for part in ("best", "average"):
+        shutil.rmtree(os.path.join(stage, model, part), ignore_errors=True)
     settings = decoding_settings(args)
     converge.decode(settings, stage, args.work, model)
     if model in converge.LSTM_MODELS:
@@ -172,7 +211,8 @@ def decode_test_alone(args, model):
     """Test from the best checkpoint, once every model has stopped, one model at a time: the driver
     runs nothing beside it, so that the models' ms / token compare."""
     folder = os.path.join(stage_dir(args), model, "best")
-    if model in converge.VARIANTS or os.path.isfile(os.path.join(folder, "evaluate.test.json")):
+    if (not converge.tested(model) or os.path.isfile(os.path.join(folder, "evaluate.test.json"))
+            or not os.path.isfile(best_checkpoint(args, model))):
         return
     converge.evaluate(decoding_settings(args), best_checkpoint(args, model), "test", folder)
     converge.compress_outputs(folder)
@@ -215,7 +255,7 @@ def convert(args, lock):
     settings = conversion_settings(args)
     subprocess.run(conversion_command(settings, "convert"), check=True, cwd=compare.REPO, pass_fds=(lock,))
     runs = [subprocess.Popen(conversion_command(settings, "train", *options), cwd=compare.REPO, pass_fds=(lock,))
-            for _, options in conversion_runs(settings, convert_run.source_updates(settings.source))]
+            for _, options in conversion_runs(settings, convert_run.saved_updates(settings.source))]
     return all(run.wait() == 0 for run in runs)
 
 
@@ -225,7 +265,7 @@ def conversion_rows(args):
     settings = conversion_settings(args)
     if not os.path.isfile(settings.source):
         return ()
-    updates = convert_run.source_updates(settings.source)
+    updates = convert_run.saved_updates(settings.source)
     evaluations = ["source", "converted_0"] + [os.path.join(run, f"eval_{total}")
                                                for run, _ in conversion_runs(settings, updates)
                                                for total in convert_run.totals(updates, settings.fractions)]
@@ -248,9 +288,7 @@ def runs_so_far(args, references):
         runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
         curve = runs[model]["log"]["curve"]
         # with --jobs, one that has no epoch may be waiting for a free core
-        runs[model]["log"]["stopped"] = ("no epoch" if not curve else
-                                         "converged" if epochs_since_best(curve) >= args.patience else
-                                         "max-epoch" if len(curve) >= args.max_epoch else "running")
+        runs[model]["log"]["stopped"] = "no epoch" if not curve else stop_reason(curve, args) or "running"
     return runs
 
 
@@ -275,7 +313,7 @@ def write_results(args, conversion_rows=()):
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
-             "", "```bash", driver_command(args.pair, args.models), "```", "",
+             "", "```bash", *driver_commands(args.pair, list(runs)), "```", "",
              *converge.TABLE_HEADER, *rows, "",
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
@@ -390,7 +428,7 @@ def main(argv=None):
     if not convert(args, lock):
         return 1
     settings = conversion_settings(args)
-    write_results(args, convert_run.report_rows(settings, convert_run.source_updates(settings.source)))
+    write_results(args, convert_run.report_rows(settings, convert_run.saved_updates(settings.source)))
     converge.log(f"done: {os.path.join(args.out, 'table.md')}")
     return 0
 

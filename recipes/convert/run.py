@@ -65,10 +65,15 @@ def memory_flags(flags):
     return picked
 
 
-@functools.lru_cache(maxsize=2)
 def load(checkpoint):
-    """A fairseq checkpoint's state, on the CPU, read once per command (the source is asked for its
-    updates and its weights; callers only read it)."""
+    """A fairseq checkpoint's state, on the CPU, read once while the file stays as it is (a command
+    asks the source for its updates and its weights; callers only read it)."""
+    saved = os.stat(checkpoint)
+    return _load(checkpoint, saved.st_mtime_ns, saved.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _load(checkpoint, mtime_ns, size):
     import fairseq_memattn
 
     fairseq_memattn.register()  # torch.load's allowlist for fairseq checkpoints
@@ -77,9 +82,9 @@ def load(checkpoint):
     return checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
 
 
-def source_updates(source):
-    """N: the update count the transformer's checkpoint was saved at."""
-    return load(source)["optimizer_history"][-1]["num_updates"]
+def saved_updates(checkpoint):
+    """The update count a checkpoint was saved at (the source's: N)."""
+    return load(checkpoint)["optimizer_history"][-1]["num_updates"]
 
 
 def totals(updates, fractions):
@@ -144,7 +149,7 @@ def stages(args, updates):
 
 
 def train(args):
-    updates = source_updates(args.source)
+    updates = saved_updates(args.source)
     run = run_name(args.run, args.write_only_updates)
     folder = checkpoint_folder(args, run)
     seed = seed_checkpoint(args)
@@ -278,7 +283,7 @@ def report_rows(args, updates):
 
 
 def report(args):
-    updates = source_updates(args.source)
+    updates = saved_updates(args.source)
     # before any evaluation: the test split may be too short for --long-length
     long_data = long_sources(args.data, os.path.join(args.work, f"long{args.long_length}"), args.long_length)
     os.makedirs(args.out, exist_ok=True)
