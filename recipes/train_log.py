@@ -4,6 +4,7 @@ learning-curve plots: shared by the recipes (copy-task sweeps, real-data compari
 import logging
 import math
 import re
+import shlex
 import subprocess
 from datetime import datetime
 
@@ -26,7 +27,7 @@ def run_logged(command, log_path, **popen) -> int:
     status, 0 if it finished (``finished``, judged on this run's lines only: the log may hold
     earlier, resumed runs)."""
     with open(log_path, "a", encoding="utf-8") as log:
-        log.write("$ " + " ".join(command) + "\n")
+        log.write("$ " + shlex.join(command) + "\n")
         log.flush()
         start = log.tell()
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, **popen).returncode

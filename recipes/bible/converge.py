@@ -130,10 +130,11 @@ def device_args(args):
 
 def start(command, log_path):
     """COMMAND in its own process group (so that a kill takes its children too), output to LOG_PATH."""
-    with open(log_path, "a", encoding="utf-8") as f:
+    with open(log_path, "a", encoding="utf-8") as f:  # the child keeps its own copy of the descriptor
         f.write("$ " + shlex.join(command) + "\n")
-    return subprocess.Popen(command, stdout=open(log_path, "a", encoding="utf-8"), stderr=subprocess.STDOUT,
-                            cwd=compare.REPO, start_new_session=True)
+        f.flush()
+        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, cwd=compare.REPO,
+                                start_new_session=True)
 
 
 def wait_all(processes, seconds):
@@ -639,6 +640,12 @@ def compress_outputs(folder):
                 os.remove(path)
 
 
+# chosen_checkpoint in words, for the tables
+CHOSEN_CHECKPOINT = (f"Test scores from the best checkpoint and from the average of the last {AVERAGE_LAST} "
+                     "epochs'; the pair is compared on the average where it is better on validation for both "
+                     "models, else on the best.")
+
+
 def chosen_checkpoint(runs, baseline, memory):
     """The averaged checkpoint where it beats the best one on validation BLEU for both models."""
     def valid_bleu(run, checkpoint):
@@ -713,9 +720,7 @@ def write_table(args, device, runs, references, converted=()):
              f"run`), each until {PATIENCE} epochs without a better validation loss, the wall-clock cap or "
              "--max-update; each model's fairseq-train command is in `MODEL/command.txt` (by default batches of "
              + "; ".join(f"{b} and {m} {' '.join(GPU_BATCH[b])}" for b, m in PAIRS.items()) +
-             ", the rest as in `recipes/bible/compare.py`). Test scores from the best checkpoint and from the "
-             f"average of the last {AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
-             "better on validation for both models, else on the best. ms / token: the test split decoded "
+             f", the rest as in `recipes/bible/compare.py`). {CHOSEN_CHECKPOINT} ms / token: the test split decoded "
              f"alone on the {device} (batches of 128, fairseq-generate's timer), per output token.", "", "```bash",
              *run_commands(args.out, device),
              "python -m recipes.bible.converge report OUT/converged.tar.gz --data DATA", "```", "",

@@ -307,9 +307,8 @@ def write_results(args, conversion_rows=()):
     lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
              "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
              f"{args.patience} epochs without a better validation loss: {SETTINGS[args.pair]}. Test split "
-             "(Romans), beam 5, sacreBLEU on detokenised text, from the best checkpoint and from the average "
-             f"of the last {converge.AVERAGE_LAST} epochs'; the pair is compared on the average where it is "
-             "better on validation for both models, else on the best. ms / token: the test split decoded "
+             f"(Romans), beam 5, sacreBLEU on detokenised text. {converge.CHOSEN_CHECKPOINT} ms / token: the test "
+             "split decoded "
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
