@@ -219,6 +219,25 @@ def test_cli_reads_a_pipe_and_reports_a_full_disk_on_one_line(trained):
         f"{PROG}: error: [Errno 28] No space left on device"], result.stderr
 
 
+def test_cli_writes_utf8_whatever_the_locale(trained, tmp_path):
+    """Words outside the locale's encoding (a latin-1 terminal) print as UTF-8, as the input is read,
+    not as a UnicodeEncodeError."""
+    _, folder = trained("attention")
+    words = {"3": "日", "1": "é"}
+
+    def non_ascii_words(target):
+        for name in ("dict.source.txt", "dict.target.txt"):
+            lines = (target / name).read_text(encoding="utf-8").splitlines()
+            (target / name).write_text("".join(f"{words.get(word, word)} {count}\n" for word, count in
+                                               (line.split(" ") for line in lines)), encoding="utf-8")
+
+    unicode_folder = break_folder(folder, tmp_path / "unicode", non_ascii_words)
+    result = subprocess.run(translate_command(unicode_folder), input="日 é\n".encode(), capture_output=True,
+                            env=clean_env(PYTHONIOENCODING="latin-1"), cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    assert result.stdout.decode("utf-8").startswith("S-0\t日 é\n")
+
+
 class Meeting(Translator):
     """A Translator whose first two batches must be decoding at the same time (``meet``, a barrier)."""
 

@@ -137,6 +137,8 @@ def translate_buffer(buffer, translator, codec, args, options) -> int:
 
 def translate(argv=None) -> int:
     parser, args = parse_args(argv)
+    if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
+        sys.stdout.reconfigure(encoding="utf-8")  # the words are UTF-8, as the input is read, whatever the locale
     translator, codec = load(parser, args)
     options = search_options(args)
     skipped = 0

@@ -78,7 +78,8 @@ class Translator:
         |x| is the source's own length, as SequenceGenerator has it for a batch of one."""
         most = self.config["max_target_positions"] - 1
         # in float64 and capped before the cast: a huge a or b is the model's maximum, not an int64 overflow
-        limit = max_len_a * np.asarray(source_len, np.float64) + min(max_len_b, most)
+        with np.errstate(over="ignore"):  # a beyond float64 times |x| is inf, capped as well
+            limit = max_len_a * np.asarray(source_len, np.float64) + min(max_len_b, most)
         return np.minimum(limit, most).astype(np.int64)
 
     def check_source(self, source: List[int], max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
