@@ -115,6 +115,8 @@ def test_server_refuses_bad_requests_and_keeps_serving(server):
            ({"text": ["3 1"], "alignment": "yes"}, 400, "alignment: expected a boolean"),
            ({"text": ["3 1"], "beam": True}, 400, "beam: expected an integer"),
            ({"text": ["3 1"], "lenpen": 2}, 400, "unknown field(s): lenpen"),
+           ({"text": ["3 1"], "x" * 100: 2}, 400, f"unknown field(s): {'x' * 37}... (known: "),
+           ({"text": ["3 1"], "beam": 10 ** 100}, 400, f"beam: {'1' + '0' * 36}... is outside 1..8"),
            ([1, 2], 400, "expected a JSON object"),
            ({"text": ["3 1", " ".join(["1"] * 16)]}, 413, "text[1]: 17 tokens (EOS included), more than --max-tokens 16"),
            ({"text": ["3"] * 5}, 413, "text: 5 sentences, more than the server's 4 per request")]

@@ -58,10 +58,14 @@ class RequestError(ValueError):
         return web.json_response({"error": str(self)}, status=self.status, headers=self.headers)
 
 
+def cut(text: str) -> str:
+    """A request's text in an error message, cut short."""
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def shown(value) -> str:
     """A request's value in an error message: its JSON, cut short."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return cut(json.dumps(value))
 
 
 def field(body: dict, name: str, kind, default, low: int = None, high: int = None):
@@ -70,7 +74,7 @@ def field(body: dict, name: str, kind, default, low: int = None, high: int = Non
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RequestError(400, f"{name}: expected {'a boolean' if kind is bool else 'an integer'}, got {shown(value)}")
     if low is not None and not low <= value <= high:
-        raise RequestError(400, f"{name}: {value} is outside {low}..{high}")
+        raise RequestError(400, f"{name}: {shown(value)} is outside {low}..{high}")
     return value
 
 
@@ -158,7 +162,8 @@ class Server:
             raise RequestError(400, "expected a JSON object with a field 'text'")
         unknown = sorted(set(body) - REQUEST_FIELDS)
         if unknown:
-            raise RequestError(400, f"unknown field(s): {', '.join(unknown)} (known: {', '.join(sorted(REQUEST_FIELDS))})")
+            raise RequestError(400, f"unknown field(s): {', '.join(map(cut, unknown))} "
+                                    f"(known: {', '.join(sorted(REQUEST_FIELDS))})")
         if "text" not in body:
             raise RequestError(400, "text: missing; expected a list of strings")
         text = body["text"]
