@@ -249,7 +249,8 @@ class Translator:
         ``workers`` batches decoded at once, each on the session's threads (a
         batch's small products keep one core busy better than several), the
         batches cut in halves where there are fewer than workers. A source's
-        hypotheses do not depend on the other sources."""
+        hypotheses do not depend on the other sources (float32 scores to their
+        last digits: a product's rounding follows the batch's shape)."""
         for name, value in (("beam", options.get("beam", 1)), ("workers", workers), ("batch_size", batch_size),
                             ("max_tokens", max_tokens)):
             if value is not None and value < 1:
