@@ -516,6 +516,24 @@ def test_a_bom_and_cr_or_crlf_line_ends_are_read_as_lines(trained):
     assert sources == ["S-0\t3 1", "S-1\t4 5 6", "S-2\t7", "S-3\t", "S-4\t8 9"]
 
 
+def test_a_bom_alone_is_no_line_and_an_unreadable_input_is_named():
+    import io
+
+    from fairseq_memattn.cli.translate import raw_lines
+
+    assert list(raw_lines(io.BytesIO(b"\xef\xbb\xbf"))) == []
+    assert list(raw_lines(io.BytesIO(b"\xef\xbb\xbf\n"))) == [b""]  # a BOM, then an empty line
+
+    class Unreadable(io.BytesIO):
+        name = "in.txt"
+
+        def readline(self, *args):
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError, match=r"^\[Errno 5\] --input in.txt: Input/output error$"):
+        list(raw_lines(Unreadable()))
+
+
 @pytest.mark.parametrize("tool, args, message", [
     ("translate", ["--lenpen", "nan"], "invalid --lenpen: nan (must be a finite number)"),
     ("translate", ["--unkpen", "inf"], "invalid --unkpen: inf (must be a finite number)"),

@@ -56,9 +56,15 @@ def parse_args(argv=None):
 
 def raw_lines(stream):
     """The byte lines of ``stream`` without their ends: \\n, \\r\\n or \\r (old Mac files), read as they
-    come; a UTF-8 byte order mark at the start dropped."""
+    come; a UTF-8 byte order mark at the start dropped (a BOM alone is an empty file)."""
     first = True
-    for chunk in iter(stream.readline, b""):  # up to a \\n: a \\r\\n is never split between chunks
+    while True:
+        try:
+            chunk = stream.readline()  # up to a \\n: a \\r\\n is never split between chunks
+        except OSError as error:  # an unreadable --input, named
+            raise OSError(error.errno, f"--input {getattr(stream, 'name', '-')}: {error.strerror}") from None
+        if not chunk or (first and chunk == BOM):
+            return
         if first:
             chunk, first = chunk[len(BOM):] if chunk.startswith(BOM) else chunk, False
         chunk = chunk[:-1] if chunk.endswith(b"\n") else chunk
