@@ -238,6 +238,22 @@ def test_cli_writes_utf8_whatever_the_locale(trained, tmp_path):
     assert result.stdout.decode("utf-8").startswith("S-0\t日 é\n")
 
 
+def test_translate_called_from_a_program_writes_to_its_stringio(trained, tmp_path):
+    """A program's own stdout (a StringIO: no encoding, no reconfigure) takes the lines as str."""
+    import contextlib
+    import io
+
+    from fairseq_memattn.cli.translate import translate
+
+    _, folder = trained("attention")
+    source = tmp_path / "in.txt"
+    source.write_text("3 1\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert translate([str(folder), "--input", str(source)]) == 0
+    assert out.getvalue().startswith("S-0\t3 1\n")
+
+
 class Meeting(Translator):
     """A Translator whose first two batches must be decoding at the same time (``meet``, a barrier)."""
 

@@ -143,8 +143,11 @@ def translate_buffer(buffer, translator, codec, args, options) -> int:
 
 def translate(argv=None) -> int:
     parser, args = parse_args(argv)
-    if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
-        sys.stdout.reconfigure(encoding="utf-8")  # the words are UTF-8, as the input is read, whatever the locale
+    # the words are UTF-8, as the input is read, whatever the locale (a text stream without an
+    # encoding of its own, a program's StringIO, takes str as it is)
+    encoding = getattr(sys.stdout, "encoding", None)
+    if encoding and encoding.lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8")
     translator, codec = load(parser, args)
     options = search_options(args)
     skipped = 0

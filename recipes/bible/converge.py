@@ -452,8 +452,9 @@ def score(hypotheses_path, references):
 def read_run(folder, references):
     """A model's folder of the archive: its training log and each checkpoint's scores."""
     run = {"log": read_train_log(os.path.join(folder, "train.log")), "checkpoints": {}}
-    if decoded_best(folder) is not None:
-        run["log"]["best_update"] = decoded_best(folder)
+    best_update = decoded_best(folder)
+    if best_update is not None:
+        run["log"]["best_update"] = best_update
     for checkpoint in ("best", "average"):
         scores = {}
         for subset in ("valid", "test"):
