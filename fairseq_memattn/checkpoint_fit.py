@@ -49,9 +49,11 @@ def shared_tables(state) -> Dict[str, object]:
 
 
 def _memory_read(attention_parameters) -> str:
-    """Memory attention's --memory-read, told by its parameters (names below the attention):
-    only the attention read scores the rows (``read.v``)."""
-    return "attention" if "read.v.weight" in attention_parameters else "mix"
+    """Memory attention's --memory-read, told by its parameters (names below the attention): the
+    content reads project the rows (``read.source_proj``), the additive one scores them (``read.v``)."""
+    if "read.v.weight" in attention_parameters:
+        return "attention"
+    return "general" if "read.source_proj.weight" in attention_parameters else "mix"
 
 
 def _attention_type(parameter_names, has_context) -> str:

@@ -30,9 +30,10 @@ from recipes.train_log import finished  # noqa: E402
 # A left-padded batch of three sources and decoder inputs for it (BOS = EOS first).
 SOURCES = [[3, 4, 5, 6, 7], [8, 9], [5]]
 PREV_OUTPUT = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 1], [2, 5, 1, 1]])
-# Every --attention-type, and memory attention read by attention over its rows (--memory-read attention).
-MEMORY_ATTENTION_READ = "memory/attention-read"
-ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", MEMORY_ATTENTION_READ, "linear",
+# Every --attention-type, and memory attention read by attention over its rows (--memory-read attention
+# and general), by these names.
+MEMORY_CONTENT_READS = {"memory/attention-read": "attention", "memory/general-read": "general"}
+ALL_ATTENTION = ["none", "additive", "general", "dot", "scaled_dot", "memory", *MEMORY_CONTENT_READS, "linear",
                  "gated_linear"]
 
 
@@ -102,8 +103,8 @@ def attention_args(**overrides):
 def build_model(dictionary=None, seed=0, **overrides):
     dictionary = dictionary or make_dictionary()
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    if overrides.get("attention_type") == MEMORY_ATTENTION_READ:
-        overrides.update(attention_type="memory", memory_read="attention")
+    if overrides.get("attention_type") in MEMORY_CONTENT_READS:
+        overrides.update(attention_type="memory", memory_read=MEMORY_CONTENT_READS[overrides["attention_type"]])
     torch.manual_seed(seed)
     model = MemAttnLSTMModel.build_model(make_args(**overrides), task)
     model.eval()

@@ -27,6 +27,7 @@ MODELS = {  # name: (builder, options)
     "transformer mix read": (build_transformer, {"memory_read": "mix"}),
     "lstm memory": (build_model, {"memory_encoder_normalize": "time"}),
     "lstm memory attention read": (build_model, {"memory_encoder_normalize": "time", "memory_read": "attention"}),
+    "lstm memory general read": (build_model, {"memory_encoder_normalize": "time", "memory_read": "general"}),
     "lstm additive": (build_model, {"attention_type": "additive", "input_feeding": True}),
 }
 

@@ -83,6 +83,24 @@ def test_memory_attention_read_matches_equations(encoder_score):
             torch.testing.assert_close(weights[b, t], torch.stack(expected), atol=1e-5, rtol=1e-5)
 
 
+def test_memory_general_read_matches_equations():
+    """--memory-read general: beta is Luong's general attention over the K rows of C, softmax_k(h^T W C_k)
+    (Eq. 1-2 with C_k in place of s_j), and c = sum_k beta_k C_k."""
+    torch.manual_seed(6)
+    attn = MemoryAttention(6, 5, MemoryConfig(k=4, encoder_score="sigmoid"), read="general")
+    states, mask = random_states([5, 3, 1])
+    query = torch.randn(3, 2, 5)
+    memory = attn.build_memory(states, mask)
+    context, _ = attn.lookup(memory, query)
+    W = attn.read.source_proj.weight  # H x E
+    for b in range(3):
+        C = memory["values"][b]
+        for t, h in enumerate(query[b]):
+            scores = torch.stack([sum(h[i] * (W @ C[k])[i] for i in range(5)) for k in range(4)])
+            beta = torch.exp(scores) / torch.exp(scores).sum()
+            torch.testing.assert_close(context[b, t], sum(beta[k] * C[k] for k in range(4)), atol=1e-5, rtol=1e-5)
+
+
 def test_memory_alignment_is_beta_times_alpha_transposed():
     torch.manual_seed(2)
     attn = MemoryAttention(6, 5, MemoryConfig(k=3))
@@ -146,7 +164,7 @@ def test_padding_never_contributes_to_memory():
     ({"memory_decoder_score": "tanh"}, r"invalid --memory-decoder-score: 'tanh'"),
     ({"memory_encoder_normalize": "rows"}, r"invalid --memory-encoder-normalize: 'rows' \(choose from contexts, time\)"),
     ({"memory_position_normalize": "max"}, r"invalid --memory-position-normalize: 'max' \(choose from sum, mean\)"),
-    ({"memory_read": "content"}, r"invalid --memory-read: 'content' \(choose from mix, attention\)"),
+    ({"memory_read": "content"}, r"invalid --memory-read: 'content' \(choose from mix, attention, general\)"),
     # no silent fallback to --max-source-positions for S of Eq. 10
     ({"memory_position_encoding": True},
      r"--memory-position-encoding needs S of Eq. 10: pass --memory-position-max-len S"),

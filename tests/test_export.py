@@ -49,6 +49,8 @@ VARIANTS = {
     # One table learns slower on this task: more and larger steps, for outputs of several lengths.
     "lstm-shared": [*LSTM, "--attention-mix", "--share-all-embeddings", "--lr", "1e-2", "--max-update", "120"],
     "lstm-attention-read": [*LSTM, "--memory-read", "attention", "--attention-dim", "8", "--input-feeding"],
+    "lstm-general-read": [*LSTM, "--memory-read", "general", "--memory-position-encoding", "--memory-position-normalize",
+                          "mean"],
 }
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
@@ -170,7 +172,7 @@ def test_encoder_runs_on_slices_of_a_batch(trained):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["mix-per-layer-pe", "lstm-feeding-pe", "lstm-attention-read"])
+@pytest.mark.parametrize("variant", ["mix-per-layer-pe", "lstm-feeding-pe", "lstm-attention-read", "lstm-general-read"])
 def test_alignments_and_scores_equal_sequence_generators(trained, variant):
     """Scores and alignments (beta alpha^T) against fairseq's SequenceGenerator's
     hypotheses' attention, on a left-padded batch (the LSTM's exported encoder

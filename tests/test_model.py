@@ -270,7 +270,8 @@ def test_untied_checkpoint_does_not_load_into_a_tied_model(dictionary):
     tied.load_state_dict(tied.state_dict())
 
 
-@pytest.mark.parametrize("saved, built", [("attention", "mix"), ("mix", "attention")])
+@pytest.mark.parametrize("saved, built", [("attention", "mix"), ("mix", "attention"), ("general", "mix"),
+                                          ("general", "attention"), ("attention", "general")])
 def test_a_checkpoint_of_the_other_memory_read_is_refused_by_name(dictionary, saved, built):
     state = build_model(dictionary, memory_read=saved).state_dict()
     with pytest.raises(UserError, match=re.escape(
@@ -290,6 +291,12 @@ def test_a_checkpoint_of_the_other_memory_read_is_refused_by_name(dictionary, sa
     ({"memory_read": "attention", "memory_decoder_score": "sigmoid"},
      "--memory-decoder-score sigmoid ignored: --memory-read attention weighs the rows by a softmax of its scores "
      "(Eq. 2); the score of Eq. 7 is the mix's"),
+    ({"memory_read": "general", "memory_decoder_score": "sigmoid", "attention_dim": 8},
+     "--memory-decoder-score sigmoid ignored: --memory-read general weighs the rows by a softmax of its scores "
+     "(Eq. 2); the score of Eq. 7 is the mix's"),
+    ({"memory_read": "general", "attention_dim": 8},
+     "--attention-dim 8 ignored: only additive attention has a layer of that size (--attention-type additive, or "
+     "memory with --memory-read attention; this model: --attention-type memory --memory-read general)"),
     ({"attention_type": "additive", "memory_read": "attention"},
      "--memory-read attention ignored: only --attention-type memory has a memory (this model: "
      "--attention-type additive)"),

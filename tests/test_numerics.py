@@ -29,6 +29,7 @@ VARIANTS = {
     "memory-sigmoid": {"memory_encoder_score": "sigmoid", "memory_decoder_score": "sigmoid"},
     "memory-position": {"memory_position_encoding": True},
     "memory-attention-read": {"memory_read": "attention"},
+    "memory-general-read": {"memory_read": "general"},
     "linear": {"attention_type": "linear"},
     "gated_linear": {"attention_type": "gated_linear"},
 }
@@ -101,6 +102,8 @@ def by_formula(name, attention, states, mask, query):
             C = alpha.T @ x  # Eq. 4
             if name == "memory-attention-read":  # Eq. 2 over the K rows of C
                 beta = torch.softmax(bahdanau(P, "read.", h, C), 1)
+            elif name == "memory-general-read":  # Eq. 2 over the K rows, Luong's general score h^T W C_k
+                beta = torch.softmax(h @ (C @ P["read.source_proj.weight"].T).T, 1)
             else:
                 raw_beta = h @ P["read.W_beta.weight"].T  # Eq. 7
                 beta = torch.sigmoid(raw_beta) if attention.read.decoder_score == "sigmoid" else torch.softmax(raw_beta, 1)
@@ -375,7 +378,8 @@ def test_any_sizes_match_the_formulas(problem):
     torch.testing.assert_close(context.double(), expected_context.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weights.double(), expected_weights.detach(), rtol=1e-5, atol=1e-5)
     if name.startswith("memory"):
-        assert memory["contexts"].shape == (B, K, E)  # fixed size: no |S| in it
+        contexts = memory["values"] if attention.reads_content else memory["contexts"]
+        assert contexts.shape == (B, K, E)  # fixed size: no |S| in it
     if name.endswith("linear"):
         assert memory["covariance"].shape == (B, E, E)
 

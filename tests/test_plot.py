@@ -53,6 +53,8 @@ def checkpoints(tmp_path_factory):
         "memory": train(root / "memory", "lstm_memattn", 150, "--memory-k", "4"),
         "memory_attention_read": train(root / "memory_attention_read", "lstm_memattn", 60, "--memory-k", "4",
                                        "--memory-read", "attention"),
+        "memory_general_read": train(root / "memory_general_read", "lstm_memattn", 60, "--memory-k", "4",
+                                     "--memory-read", "general", "--input-feeding"),
         "additive": train(root / "additive", "lstm_att", 30),
         "none": train(root / "none", "lstm_noatt", 1),
         "transformer": train(root / "transformer", "transformer_memattn", 60,
@@ -128,7 +130,7 @@ def soft_alignment_from_fairseq_generate(path, example_id):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["memory", "memory_attention_read"])
+@pytest.mark.parametrize("model", ["memory", "memory_attention_read", "memory_general_read"])
 def test_plotted_alignment_is_the_models_alignment(checkpoints, model):
     path = checkpoints[model]
     (alignment,) = decode(path, "--example-id", str(EXAMPLE))

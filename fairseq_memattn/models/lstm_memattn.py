@@ -341,9 +341,10 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
         add_memory_args(parser)
         parser.add_argument("--memory-read", choices=LSTM_MEMORY_READS,
                             help="how the decoder reads the K memory rows: the paper's mix c = beta C "
-                                 "with beta from the decoder state alone (Eq. 6-7), or additive "
-                                 "attention over the rows (Eq. 1-2 with the rows in place of the "
-                                 "source states; --attention-dim its size) (default: mix)")
+                                 "with beta from the decoder state alone (Eq. 6-7), or attention over "
+                                 "the rows (Eq. 1-2 with the rows in place of the source states): "
+                                 "additive (attention; --attention-dim its size) or bilinear, h^T W C_k "
+                                 "(general: as fast as the mix) (default: mix)")
         parser.add_argument("--max-source-positions", type=positive_int, metavar="N",
                             help="longest source in tokens (EOS included) the model accepts")
         parser.add_argument("--max-target-positions", type=positive_int, metavar="N",
@@ -432,14 +433,14 @@ def warn_ignored_options(args, context_dim) -> None:
     if context_dim == 0 and without_context:
         logger.warning(f"{' and '.join(without_context)} ignored: --attention-type {args.attention_type} gives "
                        f"the decoder no context to feed or mix")
-    memory_attention_read = args.attention_type == "memory" and args.memory_read == "attention"
-    if args.attention_dim is not None and args.attention_type != "additive" and not memory_attention_read:
+    memory_read = args.memory_read if args.attention_type == "memory" else None
+    if args.attention_dim is not None and args.attention_type != "additive" and memory_read != "attention":
         logger.warning(f"--attention-dim {args.attention_dim} ignored: only additive attention has a layer of that "
                        f"size (--attention-type additive, or memory with --memory-read attention; this model: "
                        f"--attention-type {args.attention_type}"
-                       + (f" --memory-read {args.memory_read})" if args.attention_type == "memory" else ")"))
-    if memory_attention_read and args.memory_decoder_score != "softmax":
-        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} ignored: --memory-read attention "
+                       + (f" --memory-read {memory_read})" if memory_read else ")"))
+    if memory_read in ("attention", "general") and args.memory_decoder_score != "softmax":
+        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} ignored: --memory-read {memory_read} "
                        f"weighs the rows by a softmax of its scores (Eq. 2); the score of Eq. 7 is the mix's")
     memory_flags = memory_options_set(args) if args.attention_type != "memory" else []
     if memory_flags:

@@ -122,6 +122,25 @@ class ContentAttention(Attention):
     def build_memory(self, states, padding_mask):
         return {"keys": self.project_keys(states), "values": states, "padding_mask": padding_mask}
 
+    def onnx_grouped_scores(self, g, query: str, keys: str, by_row) -> str:
+        """:meth:`score` in ONNX, rows x group x M, for N = rows x group queries (N x H) over each row's
+        keys (rows x M x A); ``by_row`` reshapes an N x W tensor to rows x group x W."""
+        raise NotImplementedError
+
+    def onnx_grouped_lookup(self, g, query: str, keys: str, values: str) -> Tuple[str, str]:
+        """:meth:`lookup` in ONNX for N = rows x group queries (N x H, a row's queries consecutive)
+        over each row's keys (rows x M x A, no padding) and values (rows x M x E): (context N x E,
+        weights rows x group x M)."""
+        def by_row(x):
+            return g.op("Reshape", x, g.op("Concat", g.dims(values, 0, 1), g.const([-1], np.int64), g.dims(x, 1, 2),
+                                           axis=0))
+
+        scores = self.onnx_grouped_scores(g, query, keys, by_row)
+        weights = g.op("Softmax", scores, axis=-1)  # Eq. 2
+        context = g.op("MatMul", weights, values)  # Eq. 1: rows x group x E
+        flat = g.op("Concat", g.const([-1], np.int64), g.dims(values, 2, 3), axis=0)
+        return g.op("Reshape", context, flat), weights
+
     def lookup(self, memory, query):
         scores = self.score(query, memory["keys"])
         if "padding_mask" in memory:  # a source's padding; memory attention's K rows have none
@@ -166,19 +185,10 @@ class AdditiveAttention(ContentAttention):
         hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))
         return self.v(hidden).squeeze(-1)
 
-    def onnx_grouped_lookup(self, g, query: str, keys: str, values: str) -> Tuple[str, str]:
-        """:meth:`lookup` in ONNX for N = rows x group queries (N x H, a row's queries consecutive)
-        over each row's keys (rows x M x A, no padding) and values (rows x M x E): (context N x E,
-        weights rows x group x M)."""
-        A = self.v.weight.shape[1]
-        by_row = g.op("Concat", g.dims(values, 0, 1), g.const([-1, 1, A], np.int64), axis=0)
-        projected = g.op("Reshape", g.linear(query, self.query_proj), by_row)  # rows x group x 1 x A
+    def onnx_grouped_scores(self, g, query, keys, by_row):
+        projected = g.op("Unsqueeze", by_row(g.linear(query, self.query_proj)), g.const([2], np.int64))  # rows x group x 1 x A
         hidden = g.op("Tanh", g.op("Add", projected, g.op("Unsqueeze", keys, g.const([1], np.int64))))
-        scores = g.op("Squeeze", g.linear(hidden, self.v, bias=False), g.const([3], np.int64))  # score_pairs
-        weights = g.op("Softmax", scores, axis=-1)  # Eq. 2
-        context = g.op("MatMul", weights, values)  # Eq. 1: rows x group x E
-        flat = g.op("Concat", g.const([-1], np.int64), g.dims(values, 2, 3), axis=0)
-        return g.op("Reshape", context, flat), weights
+        return g.op("Squeeze", g.linear(hidden, self.v, bias=False), g.const([3], np.int64))
 
     def score(self, query, keys):
         projected = self.query_proj(query)
@@ -210,6 +220,9 @@ class GeneralAttention(ContentAttention):
     def score(self, query, keys):
         return torch.bmm(query, keys.transpose(1, 2))
 
+    def onnx_grouped_scores(self, g, query, keys, by_row):
+        return g.op("MatMul", by_row(query), g.op("Transpose", keys, perm=[0, 2, 1]))
+
 
 class DotAttention(ContentAttention):
     """Luong "dot": f_att(h_i, s_j) = h_i^T s_j (optionally / sqrt(D)); needs the
@@ -230,7 +243,7 @@ class DotAttention(ContentAttention):
 
 
 # How the LSTM's decoder reads the K rows of the memory (--memory-read).
-LSTM_MEMORY_READS = ("mix", "attention")
+LSTM_MEMORY_READS = ("mix", "attention", "general")
 
 
 class MemoryAttention(Attention):
@@ -240,33 +253,34 @@ class MemoryAttention(Attention):
     c = beta C (Eq. 6), returned in float32 (see ``modules/memory.py``).
 
     ``read`` says where beta comes from: ``"mix"``, the paper's Eq. 7 on the
-    decoder state alone (:class:`memory.MemoryMix`); ``"attention"``, additive
-    attention over the K rows (Eq. 1-2 with C in place of the source states),
-    which compares the decoder state with what each row holds. Either way a
-    step costs O(K) whatever |S| is."""
+    decoder state alone (:class:`memory.MemoryMix`); or content attention over
+    the K rows (Eq. 1-2 with C in place of the source states), which compares the
+    decoder state with what each row holds: ``"attention"`` additive,
+    v^T tanh(W_q h + W_s C_k) (a tanh over K x --attention-dim values a step),
+    ``"general"`` bilinear, h^T W C_k (W C_k kept once per source: K dot products
+    a step, the mix's cost). Either way a step costs O(K) whatever |S| is."""
 
     def __init__(self, encoder_dim: int, decoder_dim: int, config: MemoryConfig, read: str = "mix",
                  attention_dim: Optional[int] = None):
         super().__init__()
         check_choice("--memory-read", read, LSTM_MEMORY_READS)
+        self.read_name = read
         self.writer = MemoryWrite(encoder_dim, config)
-        self.read = (MemoryMix(decoder_dim, config) if read == "mix" else
-                     AdditiveAttention(encoder_dim, decoder_dim, attention_dim or decoder_dim))
+        if read == "mix":
+            self.read = MemoryMix(decoder_dim, config)
+        elif read == "attention":
+            self.read = AdditiveAttention(encoder_dim, decoder_dim, attention_dim or decoder_dim)
+        else:
+            self.read = GeneralAttention(encoder_dim, decoder_dim)
         self.context_dim = encoder_dim
 
     @property
     def reads_content(self) -> bool:
-        """Whether beta compares the decoder state with the rows (``read="attention"``)."""
-        return isinstance(self.read, AdditiveAttention)
-
-    @property
-    def query_layer(self) -> nn.Linear:
-        """The layer the decoder state enters the read through: W_beta of Eq. 7, or the
-        attention's query projection."""
-        return self.read.query_proj if self.reads_content else self.read.W_beta
+        """Whether beta compares the decoder state with the rows (the attention and general reads)."""
+        return isinstance(self.read, ContentAttention)
 
     def read_memory(self, contexts: Tensor) -> Memory:
-        """What the read needs of C, once per source: C itself, or for the attention read C as
+        """What the read needs of C, once per source: C itself, or for a content read C as
         its values and the source half of its scores as keys (in the model's precision)."""
         if not self.reads_content:
             return {"contexts": contexts}
@@ -296,10 +310,10 @@ class MemoryAttention(Attention):
 
     # The same in ONNX (export/lstm.py): the memory as the encoder graph's outputs, by name.
     def onnx_memory_widths(self) -> Dict[str, int]:
-        """The memory's tensors in the graphs, B x K x width, by name: C (E), the attention read's keys (A)."""
+        """The memory's tensors in the graphs, B x K x width, by name: C (E), a content read's keys (W_s C)."""
         widths = {"memory_contexts": self.context_dim}
         if self.reads_content:
-            widths["memory_keys"] = self.read.v.weight.shape[1]
+            widths["memory_keys"] = self.read.source_proj.weight.shape[0]
         return widths
 
     def onnx_read_memory(self, g, contexts: str) -> Dict[str, str]:

@@ -53,7 +53,8 @@ def describe(model, arch: Optional[str] = None) -> str:
     name = arch or type(model).__name__
     attention = attention_of(model)
     if isinstance(attention, MemoryAttention):
-        read = "attention read" if attention.reads_content else f"{attention.read.decoder_score} read"
+        read = (f"{attention.read_name} read" if attention.reads_content
+                else f"{attention.read.decoder_score} read")
         return (f"{name}: memory attention K={attention.writer.num_contexts}, "
                 f"{attention.writer.encoder_score} write, {read}")
     writers = memory_writers(model)
@@ -163,25 +164,34 @@ def capture_inputs(module, store: list, keyword: str):
     return module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+def capture_first_output(module, store: list):
+    """A forward hook appending the first of ``module``'s outputs to ``store``; returns the handle."""
+    def hook(_, args, output):
+        store.append(output[0])
+    return module.register_forward_hook(hook)
+
+
 def memory_weights(model, net_input, hypothesis: torch.Tensor, choice: ReadChoice):
     """(alphas, read, memory index, read name) for one source and its hypothesis.
 
     One teacher-forced pass of the model (in eval mode the same as incremental decoding) over
     the hypothesis, with hooks catching what the memories are written from (the input of
     each W_alpha: the encoder's final states) and what the plotted read is queried with (the
-    LSTM's decoder states on their way into its read; the Transformer layer's input to its
+    LSTM decoder's outputs, its read's queries; the Transformer layer's input to its
     encoder-attention). The weights are then recomputed from those with the model's own
     modules: alpha (S x K) and C by the write (Eq. 4-5), the read's weights (T x K) by the LSTM's
-    read (Eq. 7, or its attention over the K rows) or the layer's multi-head attention over them.
+    read (Eq. 7, or its content attention over the K rows) or the layer's multi-head attention over them.
     """
     writers = memory_writers(model)
     transformer = is_memory_transformer(model)
     layer = (len(model.decoder.layers) - 1 if choice.layer is None else choice.layer) if transformer else 0
-    # The module the read's query goes into: the layer's read, or the LSTM read's first layer.
-    queried = model.decoder.layers[layer].encoder_attn if transformer else attention_of(model).query_layer
     states, queries = [[] for _ in writers], []
     hooks = [capture_inputs(writer.W_alpha, store, "input") for writer, store in zip(writers, states)]
-    hooks.append(capture_inputs(queried, queries, "query" if transformer else "input"))
+    if transformer:  # the query of the layer's read
+        queried = model.decoder.layers[layer].encoder_attn
+        hooks.append(capture_inputs(queried, queries, "query"))
+    else:  # the LSTM's outputs, which its read is queried with (with input feeding, one call a step)
+        hooks.append(capture_first_output(model.decoder.lstm, queries))
     try:
         encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
         model.decoder(teacher_forced_input(model, hypothesis), encoder_out)

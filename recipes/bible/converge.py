@@ -74,13 +74,15 @@ VARIANTS = {
     "lstm_memattn_input_feeding": ("lstm_memattn", ["--input-feeding"]),
     "lstm_memattn_attention_read": ("lstm_memattn", ["--memory-position-normalize", "mean",
                                                      "--memory-read", "attention"]),
+    "lstm_memattn_general_read": ("lstm_memattn", ["--memory-position-normalize", "mean",
+                                                   "--memory-read", "general"]),
     "lstm_att_input_feeding": ("lstm_att", ["--input-feeding"]),
 }
 MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})
 GPU_BATCH.update({name: GPU_BATCH[model] for name, (model, _) in VARIANTS.items()})
 # The variants put forward as lstm_memattn's fix on validation evidence (docs/wmt17.md): decoded on
 # test like the pairs, for the comparison with lstm_att at convergence.
-FIXES = ("lstm_memattn_position_mean", "lstm_memattn_attention_read")
+FIXES = ("lstm_memattn_position_mean", "lstm_memattn_attention_read", "lstm_memattn_general_read")
 PAIR_MODELS = [model for pair in PAIRS.items() for model in pair]  # what run trains by default
 LSTM_MODELS = ("lstm_att", "lstm_memattn", *VARIANTS)
 PLOTTED_EXAMPLE = 5  # the validation example whose attention is drawn

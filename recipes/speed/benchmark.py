@@ -52,6 +52,7 @@ MODELS = {
     "noatt": ("No Att", ["--arch", "lstm_noatt"]),
     **{f"k{k}": (f"K={k}", ["--arch", "lstm_memattn", "--memory-k", str(k)]) for k in (1, 4, 16, 32, 64)},
     "k64_read": ("K=64, attention read", ["--arch", "lstm_memattn", "--memory-k", "64", "--memory-read", "attention"]),
+    "k64_general": ("K=64, general read", ["--arch", "lstm_memattn", "--memory-k", "64", "--memory-read", "general"]),
     "att": ("Att (additive)", ["--arch", "lstm_att"]),
     # Plain dot attention needs decoder units = encoder units (512); Luong's "general" is dot
     # attention through a matrix and fits these sizes.
