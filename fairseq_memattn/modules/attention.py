@@ -186,7 +186,8 @@ class AdditiveAttention(ContentAttention):
         return self.v(hidden).squeeze(-1)
 
     def onnx_grouped_scores(self, g, query, keys, by_row):
-        projected = g.op("Unsqueeze", by_row(g.linear(query, self.query_proj)), g.const([2], np.int64))  # rows x group x 1 x A
+        projected = by_row(g.linear(query, self.query_proj))
+        projected = g.op("Unsqueeze", projected, g.const([2], np.int64))  # rows x group x 1 x A
         hidden = g.op("Tanh", g.op("Add", projected, g.op("Unsqueeze", keys, g.const([1], np.int64))))
         return g.op("Squeeze", g.linear(hidden, self.v, bias=False), g.const([3], np.int64))
 
