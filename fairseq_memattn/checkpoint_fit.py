@@ -175,10 +175,20 @@ RESHAPING_OPTIONS = ("memory_k", "encoder_embed_dim", "decoder_embed_dim", "enco
                      "decoder_ffn_embed_dim", "source vocabulary size", "target vocabulary size")
 
 
+# Options that decide which others a model has (an --attention-dim only with an additive score, ...).
+KIND_OPTIONS = ("attention_type", "memory_read")
+
+
 def differing(saved: Dict[str, object], built: Dict[str, object]) -> Dict[str, Tuple[object, object]]:
-    """{name: (checkpoint's, model's)} for the options both tell and that differ."""
-    return {name: (saved[name], built[name]) for name in saved
-            if None not in (saved[name], built.get(name)) and saved[name] != built[name]}
+    """{name: (checkpoint's, model's)} for the options both tell and that differ; where the model is
+    of another kind (KIND_OPTIONS), also those only the checkpoint tells (model's: None), which the
+    fix needs as well."""
+    differences = {name: (saved[name], built.get(name)) for name in saved
+                   if None not in (saved[name], built.get(name)) and saved[name] != built[name]}
+    if any(name in differences for name in KIND_OPTIONS):
+        differences.update({name: (value, None) for name, value in saved.items()
+                            if value is not None and built.get(name) is None})
+    return differences
 
 
 # Where the options of the model a checkpoint is being loaded into came from, set by the plugin's
@@ -235,6 +245,7 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
     them fit where the model's options came from (``loading``)."""
     context, path, overrides, task = _loading.get()
     found = "; ".join(f"checkpoint has {name}={saved} but the model was built with {name}={built}"
+                      if built is not None else f"checkpoint has {name}={saved}, which the model has not"
                       for name, (saved, built) in differences.items())
     options = [name for name in differences if not name.endswith("vocabulary size")]
     fit = [as_option(name, differences[name][0]) for name in options]

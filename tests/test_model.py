@@ -279,6 +279,21 @@ def test_a_checkpoint_of_the_other_memory_read_is_refused_by_name(dictionary, sa
         build_model(dictionary, memory_read=built).load_state_dict(state)
 
 
+@pytest.mark.parametrize("saved, built, fix", [
+    ({"memory_read": "attention", "attention_dim": 8}, {"memory_read": "general"},
+     "checkpoint has attention_dim=8, which the model has not; build the model with --memory-read attention, "
+     "--attention-dim 8"),
+    ({"memory_read": "general"}, {"attention_type": "general"},
+     "checkpoint has memory_read=general, which the model has not; build the model with --attention-type memory, "
+     "--memory-k 3, no --memory-position-window, --memory-read general"),
+])
+def test_a_checkpoint_of_another_kind_of_model_names_every_option_it_needs(dictionary, saved, built, fix):
+    """Options the built model lacks were left out of the fix: giving it led to a second refusal."""
+    state = build_model(dictionary, **saved).state_dict()
+    with pytest.raises(UserError, match=re.escape(fix)):
+        build_model(dictionary, **built).load_state_dict(state)
+
+
 @pytest.mark.parametrize("overrides, warning", [
     ({"attention_type": "none", "input_feeding": True, "attention_mix": True},
      "--input-feeding and --attention-mix ignored: --attention-type none gives the decoder no context to feed or mix"),

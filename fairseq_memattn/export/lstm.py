@@ -9,8 +9,8 @@
   hypotheses of a source consecutive), h and c (N x layers x H) and, with
   input feeding, the previous context -> each source's best candidates for
   the next step from the log-probabilities (Eq. 3, or the attention mix;
-  export/search.py), beta (N x K: Eq. 7, or with --memory-read attention Eq. 2
-  over the K rows, whose keys the encoder writes beside C) and the next state.
+  export/search.py), beta (N x K: Eq. 7, or with --memory-read attention or general
+  Eq. 2 over the K rows, whose keys the encoder writes beside C) and the next state.
   The memory stays at one row per source; c = beta C (Eq. 6) reads a source's
   hypotheses together.
 """

@@ -219,7 +219,9 @@ class GeneralAttention(ContentAttention):
         return self.source_proj(states)
 
     def score(self, query, keys):
-        return torch.bmm(query, keys.transpose(1, 2))
+        # float32 sums: as the read of the memory (--memory-read general) the keys are W C_k, and
+        # a sigmoid write's rows grow with |S|, past float16's range in h^T W C_k on long sources
+        return sum_of_products(query, keys.transpose(1, 2))
 
     def onnx_grouped_scores(self, g, query, keys, by_row):
         return g.op("MatMul", by_row(query), g.op("Transpose", keys, perm=[0, 2, 1]))
@@ -318,7 +320,7 @@ class MemoryAttention(Attention):
         return widths
 
     def onnx_read_memory(self, g, contexts: str) -> Dict[str, str]:
-        """:meth:`read_memory`'s tensors, B x K x E and B x K x A."""
+        """:meth:`read_memory`'s tensors, B x K x E and a content read's keys (B x K x A, or H for the general read)."""
         if not self.reads_content:
             return {"memory_contexts": contexts}
         return {"memory_contexts": contexts, "memory_keys": g.linear(contexts, self.read.source_proj, bias=False)}

@@ -10,7 +10,7 @@ the y axis and hypothesis tokens on the x axis:
   the attention matrix the model returns while decoding (Eq. 2);
 * for memory attention, its two factors: the write weights alpha (S x K, Eq. 5) of each memory
   and the read's weights beta (K x T: Eq. 7 for the mix reads; for the attention reads the
-  LSTM's additive attention over the K rows, or a Transformer head's, or their mean); which context C_k
+  LSTM's additive or general attention over the K rows, or a Transformer head's, or their mean); which context C_k
   carries each cell, one colour per k, intensity the combined weight (Figs. 7 and 8 left); and
   one small panel per k with C_k's share beta_tk * alpha_sk (Eq. 4-7), which sum over k to the
   alignment.

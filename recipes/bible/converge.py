@@ -62,8 +62,8 @@ MODELS = {
 GPU_BATCH = {"transformer": ["--max-tokens", "8192"], "lstm_att": ["--batch-size", "256"]}
 GPU_BATCH.update({memory: GPU_BATCH[baseline] for baseline, memory in PAIRS.items()})
 # The LSTM gap's variants (docs/wmt17.md): a model of the LSTM pair with the options shown changed
-# (one thing, or the attention read on top of the mean-normalised encodings), trained with --models
-# beside the pair and compared with it on validation, except FIXES.
+# (one thing, or a content read, attention or general, on top of the mean-normalised encodings),
+# trained with --models beside the pair and compared with it on validation, except FIXES.
 VARIANTS = {
     "lstm_memattn_no_position": ("lstm_memattn", ["--no-memory-position-encoding"]),
     "lstm_memattn_position_mean": ("lstm_memattn", ["--memory-position-normalize", "mean"]),
