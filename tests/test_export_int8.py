@@ -74,7 +74,7 @@ def test_int8_product_quantizes_each_row_on_its_own():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["attention", "lstm"])
+@pytest.mark.parametrize("variant", ["attention", "lstm", "lstm-feeding-pe", "mix-per-layer-pe"])
 def test_int8_gives_a_sentence_the_same_hypotheses_alone_as_in_a_batch(int8_export, variant):
     translator = Translator(int8_export(variant), threads=1)
     for sources in (SAME_LENGTH, MIXED):  # MIXED: padded in a batch, not alone

@@ -212,10 +212,16 @@ class MemoryWrite(nn.Module):
             L = g.op("Add", g.op("Mul", g.op("Sub", g.const(1.0), frac), g.const(1 - k)),
                      g.op("Mul", frac, g.const(k)))
             L = g.op("Mul", L, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
-            total = g.op("Max", g.op("ReduceSum", L, g.const([1], np.int64), keepdims=1), g.const(1e-12))
+            # sum_s L_ks in closed form from the sentence's own length n: (1 - k) n + (2k - 1) n (n + 1) / 2S.
+            # Not ReduceSum over time: ONNX Runtime sums B x S x K over S in another order for B = 1 than
+            # for B > 1 (last bits), so a sentence's memory would depend on how many it is batched with.
+            n = g.op("Unsqueeze", lengths, g.const([-1], np.int64))  # B x 1 x 1
+            half = g.op("Div", g.op("Mul", n, g.op("Add", n, g.const(1.0))),
+                        g.const(2.0 * self.position_encoding_max_len))  # sum_s s / S
+            total = g.op("Max", g.op("Add", g.op("Mul", n, g.const(1 - k)), g.op("Mul", half, g.const(2 * k - 1))),
+                         g.const(1e-12))
             if self.position_normalize == "mean":
-                total = g.op("Div", total, g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)),
-                                                 g.const([-1], np.int64)))
+                total = g.op("Div", total, g.op("Max", n, g.const(1.0)))
             scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
         if self.window_log_width is not None:  # window_scores
             r = g.op("Div", g.op("Sub", s, g.const(0.5)),
