@@ -25,6 +25,7 @@ the test decoding of its own models one at a time, not what another driver train
 import argparse
 import fcntl
 import os
+import pathlib
 import shlex
 import shutil
 import statistics
@@ -34,6 +35,7 @@ import threading
 from argparse import Namespace
 
 from fairseq_memattn.arg_types import positive_int, positive_number
+from fairseq_memattn.staging import replace_atomically
 from recipes.bible import compare, converge, lstm_gap
 from recipes.bible.options import prepared
 from recipes.cli import output_dir, refuse_duplicates
@@ -296,9 +298,11 @@ def write_results(args, conversion_rows=()):
     references = converge.read_references(args.data)
     runs = runs_so_far(args, references)
     baseline, memory = PAIRS[args.pair][:2]
-    plot_curves(os.path.join(args.out, f"curves_{args.pair}_cpu.png"),
-                f"Bible en-fr, CPU: {memory} against {baseline}",
-                {m: run["log"]["curve"] for m, run in runs.items()})
+    # Each driver rewrites the table and the curves every round (a second one trains --models beside
+    # the first): written whole, then renamed, so that a reader never meets half of either.
+    replace_atomically(os.path.join(args.out, f"curves_{args.pair}_cpu.png"),
+                       lambda path: plot_curves(path, f"Bible en-fr, CPU: {memory} against {baseline}",
+                                                {m: run["log"]["curve"] for m, run in runs.items()}))
     rows, signatures = converge.pair_rows(runs, "CPU")
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
     minutes = {m: statistics.median(run["log"]["epoch_seconds"]) / 60 for m, run in runs.items()
@@ -320,8 +324,8 @@ def write_results(args, conversion_rows=()):
     lines += converge.length_section(stage_dir(args), runs, args.data, references["test"])
     lines += converge.lstm_gap_section(stage_dir(args), runs, args.data, references["valid"])
     lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
-    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    replace_atomically(os.path.join(args.out, "table.md"),
+                       lambda path: pathlib.Path(path).write_text("\n".join(lines), encoding="utf-8"))
 
 
 def hold_lock(work):
