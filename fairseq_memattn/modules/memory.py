@@ -206,6 +206,9 @@ class MemoryWrite(nn.Module):
         K = self.num_contexts
         scores = g.linear(states, self.W_alpha)  # B x S x K
         s = g.op("Unsqueeze", positions, g.const([-1], np.int64))
+        if self.position_encoding_max_len is not None or self.window_log_width is not None:
+            n = g.op("Unsqueeze", lengths, g.const([-1], np.int64))  # B x 1 x 1: each sentence's length
+            words = g.op("Max", n, g.const(1.0))  # what the encodings' mean and the window divide by
         if self.position_encoding_max_len is not None:  # Eq. 10, masked and renormalised (Sec. 3.2)
             frac = g.op("Div", s, g.const(float(self.position_encoding_max_len)))
             k = np.arange(1, K + 1, dtype=np.float32) / K
@@ -215,17 +218,15 @@ class MemoryWrite(nn.Module):
             # sum_s L_ks in closed form from the sentence's own length n: (1 - k) n + (2k - 1) n (n + 1) / 2S.
             # Not ReduceSum over time: ONNX Runtime sums B x S x K over S in another order for B = 1 than
             # for B > 1 (last bits), so a sentence's memory would depend on how many it is batched with.
-            n = g.op("Unsqueeze", lengths, g.const([-1], np.int64))  # B x 1 x 1
             half = g.op("Div", g.op("Mul", n, g.op("Add", n, g.const(1.0))),
                         g.const(2.0 * self.position_encoding_max_len))  # sum_s s / S
             total = g.op("Max", g.op("Add", g.op("Mul", n, g.const(1 - k)), g.op("Mul", half, g.const(2 * k - 1))),
                          g.const(1e-12))
             if self.position_normalize == "mean":
-                total = g.op("Div", total, g.op("Max", n, g.const(1.0)))
+                total = g.op("Div", total, words)
             scores = g.op("Mul", scores, g.op("Div", L, total))  # Eq. 9
         if self.window_log_width is not None:  # window_scores
-            r = g.op("Div", g.op("Sub", s, g.const(0.5)),
-                     g.op("Unsqueeze", g.op("Max", lengths, g.const(1.0)), g.const([-1], np.int64)))
+            r = g.op("Div", g.op("Sub", s, g.const(0.5)), words)
             c = (np.arange(K, dtype=np.float32) + 0.5) / K
             z = g.op("Div", g.op("Sub", r, g.const(c)), g.weight(self.window_log_width.detach().exp(), "width"))
             scores = g.op("Add", scores, g.op("Mul", g.op("Mul", z, z), g.const(-0.5)))
