@@ -31,8 +31,8 @@ EXPORT_TESTS = "-x -q -p no:cacheprovider tests/test_export.py -k "
 
 # name: (file, what the library says, the bug, what the bug is[, what pytest runs: default the fast tier])
 MUTATIONS = {
-    "tanh": (ATTENTION, "hidden = torch.tanh(projected_query.unsqueeze(2) + keys.unsqueeze(1))",
-             "hidden = (projected_query.unsqueeze(2) + keys.unsqueeze(1))",
+    "tanh": (ATTENTION, "hidden = torch.add(2 * projected_query.unsqueeze(2), keys.unsqueeze(1), alpha=2).sigmoid_()",
+             "hidden = torch.add(2 * projected_query.unsqueeze(2), keys.unsqueeze(1), alpha=2)",
              "additive attention without its tanh"),
     "scaling": (ATTENTION, "self.scale = 1.0 / math.sqrt(encoder_dim) if scaled else 1.0",
                 "self.scale = 1.0", "scaled dot product without the 1/sqrt(D)"),
