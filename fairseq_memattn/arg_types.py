@@ -1,5 +1,5 @@
-"""argparse ``type=`` functions for numbers: a bad value ends in argparse's one line, naming the
-option and what it allows ("argument --memory-k: invalid value 0 (must be an integer >= 1)"),
+"""argparse ``type=`` functions for numbers and paths: a bad value ends in argparse's one line,
+naming the option and what it allows ("argument --memory-k: invalid value 0 (must be an integer >= 1)"),
 before anything runs. Plain argparse: the models, the tools and the recipes share them."""
 
 import argparse
@@ -45,6 +45,13 @@ def probability_below_one(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"invalid value {value:g} (must be a number in [0, 1))")
     return value
+
+
+def path_given(text: str) -> str:
+    """A path to write: not empty, which names no file or folder."""
+    if not text:
+        raise argparse.ArgumentTypeError("invalid value '' (give a path)")
+    return text
 
 
 positive_int = integer_at_least(1)

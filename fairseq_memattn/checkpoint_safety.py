@@ -107,9 +107,22 @@ def registered_model(model_cfg):
     return ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
 
 
+# fairseq's translation task, given no source_lang / target_lang and a data folder without its binarized splits
+NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
+
+
+def task_setup_error(error: BaseException) -> bool:
+    """Whether fairseq's task setup failed on its data folder (moved, or without the fairseq-preprocess
+    output that tells the language pair: fairseq raises a bare Exception for that one)."""
+    return isinstance(error, (OSError, ValueError)) or str(error) == NO_LANGUAGE_PAIR
+
+
 def task_setup_failed(path: str, error: BaseException) -> str:
     """What to say when a checkpoint's task cannot be set up: usually its dictionaries' folder (the
     task's data) has moved since training."""
+    if str(error) == NO_LANGUAGE_PAIR:
+        return (f"cannot tell the language pair of {path}: its data folder has no fairseq-preprocess output "
+                f"(train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin folder it was trained on")
     return (f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
             f"pass --data DIR, the folder with its dictionaries")
 

@@ -25,7 +25,8 @@ import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_fit import transformer_shape_options
-from .checkpoint_safety import CheckpointError, architecture, read_checkpoint, registered_model, task_setup_failed
+from .checkpoint_safety import (CheckpointError, architecture, read_checkpoint, registered_model, task_setup_error,
+                                task_setup_failed)
 from .errors import UserError
 from .staging import replace_atomically, staging_beside
 # WRITE_PREFIX: the only parameters the source lacks
@@ -114,7 +115,9 @@ def setup_task(cfg, path: str):
 
     try:
         return tasks.setup_task(cfg.task)
-    except (OSError, ValueError, AssertionError) as error:
+    except Exception as error:
+        if not (task_setup_error(error) or isinstance(error, AssertionError)):
+            raise
         raise ConvertError(task_setup_failed(path, error))
 
 

@@ -26,6 +26,7 @@ from fairseq.hub_utils import GeneratorHubInterface
 
 from . import register
 from .checkpoint_fit import overrides_given_as
+from .checkpoint_safety import NO_LANGUAGE_PAIR
 from .errors import UserError
 from .models.memory_options import position_encoding_limit
 from .modules.memory import source_too_long
@@ -35,8 +36,6 @@ from .search_settings import check_search_settings
 # generate()'s keyword arguments: GeneratorHubInterface.generate's own, and the search's settings
 GENERATE_SETTINGS = {"skip_invalid_size_inputs", "inference_step_args", "prefix_allowed_tokens_fn",
                      *(field.name for field in dataclasses.fields(GenerationConfig))}
-# fairseq's translation task, given no source_lang / target_lang and a data folder without its binarized splits
-NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
 
 
 class MemAttnHubModel:

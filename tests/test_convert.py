@@ -330,6 +330,40 @@ def test_data_with_other_dictionaries_is_refused_naming_them(toy, tmp_path, caps
     assert not (tmp_path / "out.pt").exists()
 
 
+def without_language_pair(checkpoint, out):
+    """``checkpoint`` as fairseq-train saves it when the pair came from the data folder's files."""
+    state = torch.load(checkpoint, weights_only=False)
+    state["cfg"]["task"]["source_lang"] = state["cfg"]["task"]["target_lang"] = None
+    torch.save(state, out)
+    return out
+
+
+def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair_is_one_line(toy, tmp_path, capsys):
+    """fairseq tells the pair from the data folder's binarized splits (a bare Exception without them):
+    one line naming what to give, and nothing written."""
+    data = tmp_path / "dictionaries"
+    data.mkdir()
+    for name in ("dict.en.txt", "dict.fr.txt"):
+        shutil.copyfile(toy["data"] / "data-bin" / name, data / name)
+    checkpoint = without_language_pair(toy["transformer"], tmp_path / "no_pair.pt")
+    with pytest.raises(SystemExit) as stopped:
+        convert_cli.main([str(checkpoint), str(tmp_path / "out.pt"), "--memory-k", str(K), "--data", str(data)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fairseq-memattn-convert: error: cannot tell the language pair of {checkpoint}: its data folder has no "
+        f"fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin "
+        f"folder it was trained on")
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_an_empty_out_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        convert_cli.main(["checkpoint.pt", "", "--memory-k", "4"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "fairseq-memattn-convert: error: argument out: invalid value '' (give a path)")
+
+
 def test_warns_that_an_S_below_max_source_positions_refuses_longer_sources(toy, tmp_path, caplog):
     """S of Eq. 10 (--memory-position-max-len) is the longest source the converted model takes:
     below the transformer's --max-source-positions (1024) it refuses sources the transformer took."""

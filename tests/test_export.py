@@ -524,6 +524,34 @@ def test_data_is_honoured_from_any_folder(own_pair_transformer, tmp_path):
 
 
 @pytest.mark.slow
+def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair(own_pair_transformer, tmp_path):
+    """fairseq tells the pair from the data folder's binarized splits: without them, and without the
+    pair in the checkpoint (fairseq-train given none), one line saying what to give; an empty OUT is
+    argparse's line."""
+    import shutil
+
+    state = torch.load(own_pair_transformer["checkpoint"], weights_only=False)
+    state["cfg"]["task"]["source_lang"] = state["cfg"]["task"]["target_lang"] = None
+    checkpoint = tmp_path / "no_pair.pt"
+    torch.save(state, checkpoint)
+    data = tmp_path / "dictionaries"
+    data.mkdir()
+    for dictionary in (own_pair_transformer["out"] / "data-bin").glob("dict.*.txt"):
+        shutil.copyfile(dictionary, data / dictionary.name)
+    command = [sys.executable, "-m", "fairseq_memattn.export", str(checkpoint)]
+    result = subprocess.run([*command, str(tmp_path / "out"), "--data", str(data)], env=clean_env(), cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"fairseq-memattn-export: error: cannot tell the language pair of {checkpoint}: its data folder has no "
+        f"fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin "
+        f"folder it was trained on")
+    assert not (tmp_path / "out").exists()
+    empty = subprocess.run([*command, ""], env=clean_env(), cwd=tmp_path, capture_output=True, text=True)
+    assert empty.returncode == 2 and empty.stderr.strip().splitlines()[-1] == (
+        "fairseq-memattn-export: error: argument out: invalid value '' (give a path)")
+
+
+@pytest.mark.slow
 def test_beam_larger_than_the_vocabulary_is_clamped_as_fairseq_does(trained):
     _, folder = trained("attention")
     translator = Translator(str(folder))

@@ -467,6 +467,21 @@ def test_other_dictionaries_are_an_error_naming_both(tmp_path, caplog):
     plot.check_task(trained, task_of(*TASK)[1], trained, "model.pt")  # the same dictionaries: no error
 
 
+@pytest.mark.slow
+def test_a_source_longer_than_the_model_takes_is_one_line(checkpoints):
+    """fairseq-interactive and the translator refuse a source beyond the encoder's positions; so does the plot
+    (a --sentence as long as the user likes), before decoding."""
+    from fairseq import checkpoint_utils
+
+    model = checkpoint_utils.load_model_ensemble([checkpoints["transformer"]])[0][0]
+    limit = model.encoder.max_positions()
+    plot.check_source_length(model, limit, "transformer")
+    with pytest.raises(plot.PlotError) as error:
+        plot.check_source_length(model, limit + 1, "transformer")
+    assert str(error.value) == (f"transformer: the source has {limit + 1} tokens (EOS included), more than the "
+                                f"model's maximum of {limit}")
+
+
 def test_options_of_the_training_run_alone_do_not_warn(tmp_path, caplog):
     """Length limits and validation options the model was trained with (as the Bible recipes'
     --max-source-positions 256) change nothing the plot shows: no warning about the defaults the

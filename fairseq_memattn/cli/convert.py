@@ -5,6 +5,7 @@ import re
 from typing import List, Optional
 
 from . import log_to_stderr
+from ..arg_types import path_given
 from ..errors import one_line_errors
 
 PROG = "fairseq-memattn-convert"
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a fairseq transformer checkpoint")
-    parser.add_argument("out", help="where to write the transformer_memattn checkpoint")
+    parser.add_argument("out", type=path_given, help="where to write the transformer_memattn checkpoint")
     parser.add_argument("--data", help="the folder with the task's dictionaries, if not where the "
                                        "checkpoint was trained")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")

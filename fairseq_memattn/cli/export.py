@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from . import log_to_stderr
+from ..arg_types import path_given
 from ..errors import one_line_errors
 
 PROG = "fairseq-memattn-export"
@@ -30,7 +31,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a fairseq checkpoint of transformer_memattn or lstm_memattn")
-    parser.add_argument("out", help="output folder")
+    parser.add_argument("out", type=path_given, help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="int8 products (weights per column, inputs per row) and embeddings")
     parser.add_argument("--short-source-rows", type=int, metavar="N",

@@ -36,7 +36,7 @@ def load_checkpoint(path: str, data: str = None):
 
     from .. import register
     from ..checkpoint_safety import (CheckpointError, architecture, read_checkpoint, registered_model,
-                                     task_setup_failed)
+                                     task_setup_error, task_setup_failed)
     from ..models.lstm_memattn import MemAttnLSTMModel
     from ..models.transformer_memattn import MemAttnTransformerModel
 
@@ -63,7 +63,9 @@ def load_checkpoint(path: str, data: str = None):
                                                                       state=state)
     except UserError:
         raise  # ours already names the problem and its fix (a misfit, a source too long)
-    except (OSError, ValueError) as error:
+    except Exception as error:
+        if not task_setup_error(error):
+            raise
         raise ExportError(task_setup_failed(path, error))
     model = models[0].float().eval()
     return model, task

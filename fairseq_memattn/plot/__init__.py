@@ -26,7 +26,7 @@ side by side (Fig. 6's four scoring functions). The file type follows --output's
 """
 
 from .capture import (PlotError, ReadChoice, attention_of, check_has_attention,  # noqa: F401
-                      check_read_choice, check_task, decode, describe, is_memory_transformer,
+                      check_read_choice, check_source_length, check_task, decode, describe, is_memory_transformer,
                       memory_weights, memory_writers)
 from .figure import (CELL_INCHES, CONTEXT_GRID_COLUMNS, CONTEXT_PANEL_INCHES,  # noqa: F401
                      FACTOR_PANEL_INCHES, MAIN_PANEL_INCHES, Alignment, draw, save)

@@ -244,9 +244,18 @@ def check_length_range(generator, source_length: int) -> None:
                         f"this source of {source_length} tokens (EOS included): lower --min-len{fix}")
 
 
+def check_source_length(model, source_length: int, label: str) -> None:
+    """A source the model can encode: fairseq-generate skips a longer one, fairseq-interactive refuses it."""
+    limit = model.encoder.max_positions()
+    if limit is not None and source_length > limit:
+        raise PlotError(f"{label}: the source has {source_length} tokens (EOS included), more than the model's "
+                        f"maximum of {limit}")
+
+
 def decode(model, task, generation_cfg, sample, label: str,
            choice: Optional[ReadChoice] = None) -> Alignment:
     """Beam search as fairseq-generate runs it; the best hypothesis and its alignment."""
+    check_source_length(model, sample["net_input"]["src_tokens"].size(1), label)
     generator = task.build_generator([model], generation_cfg)
     check_length_range(generator, sample["net_input"]["src_tokens"].size(1))
     hypo = task.inference_step(generator, [model], sample)[0][0]
