@@ -437,6 +437,17 @@ def older_export_with_more_source_symbols(folder):
     edit_config(source_symbols=None)(folder)
 
 
+def encoder_of_another_export(folder):
+    """encoder.onnx as another export of the model writes it (with another --short-source-rows, say)."""
+    import onnx
+
+    from fairseq_memattn.deploy.config import EXPORT_ID
+
+    graph = onnx.load(folder / "encoder.onnx")
+    onnx.helper.set_model_props(graph, {EXPORT_ID: "another export"})
+    onnx.save(graph, folder / "encoder.onnx")
+
+
 @pytest.mark.slow
 def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
     """Checked whole when the Translator loads: the CLI and the server end on one line, status 2,
@@ -457,6 +468,8 @@ def test_a_folder_whose_parts_do_not_fit_is_refused_at_load(trained, tmp_path):
                                "dict.source.txt: line 1: expected '<symbol> <count>'"),
         "duplicate-symbol": (append("dict.target.txt", "3 1\n"), "dict.target.txt: line 11: duplicate symbol '3'"),
         "swapped-graphs": (swap_graphs, "encoder.onnx: no input 'src_tokens' (its inputs: prev_tokens, step"),
+        "graph-of-another-export": (encoder_of_another_export, "encoder.onnx: not written by the export of this "
+                                                               "folder's config.json (a file of another export?)"),
         "eos-outside": (edit_config(eos=14), "config.json: eos is 14, outside dict.target.txt's 14 symbols (0..13)"),
         "unk-not-special": (edit_config(unk=5), "config.json: unk is 5, expected one of the first 4 target symbols"),
         "pad-type": (edit_config(source_pad="1"), "config.json: source_pad is '1', expected an integer >= 0"),

@@ -54,6 +54,10 @@ def short_memory_name(memory_output: str) -> str:
     return "short_" + memory_output
 
 
+# The metadata key whose value config.json's export_id and both graphs share: one export's files.
+EXPORT_ID = "fairseq_memattn_export_id"
+
+
 def config_path(folder: str) -> str:
     return os.path.join(folder, "config.json")
 

@@ -10,7 +10,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..errors import import_installed
-from .config import config_path, short_memory_name
+from .config import EXPORT_ID, config_path, short_memory_name
 from .exceptions import ModelFolderError
 
 # the decoder step's inputs from export/search.py and the step itself, with their ranks
@@ -104,6 +104,8 @@ def check_graphs(encoder, decoder, config: dict, folder: str, source_symbols: in
     """The two sessions' inputs and outputs as the translator runs them, and the dictionaries'
     sizes against the graphs' widths; raises ModelFolderError naming the file."""
     encoder_path, decoder_path = (os.path.join(folder, f"{part}.onnx") for part in ("encoder", "decoder"))
+    for session, path in ((encoder, encoder_path), (decoder, decoder_path)):
+        check_export_id(session, config, path)
     check_args(encoder_path, "input", ranks(encoder.get_inputs()), {"src_tokens": 2}, exact=True)
     encoder_outputs = ranks(encoder.get_outputs())
     wanted = {"alpha": 4, **{name: encoder_outputs.get(name, -1) for name in config["memory_outputs"]},
@@ -133,6 +135,15 @@ def check_graphs(encoder, decoder, config: dict, folder: str, source_symbols: in
             raise ModelFolderError(f"{config_path(folder)}: self_attention_cache[{index}] is "
                                    f"{layer}, but {decoder_path} writes keys of {shape[0]} heads x {shape[1]}")
     check_source_vocabulary(encoder, config, os.path.join(folder, "dict.source.txt"), source_symbols)
+
+
+def check_export_id(session, config: dict, path: str) -> None:
+    """The graph was written by the export that wrote config.json (exports before export_id: not checked)."""
+    expected = config.get("export_id")
+    found = session.get_modelmeta().custom_metadata_map.get(EXPORT_ID)
+    if expected is not None and found != expected:
+        raise ModelFolderError(f"{path}: not written by the export of this folder's config.json (a file of "
+                               f"another export?): export the model again into an empty folder")
 
 
 def check_source_vocabulary(encoder, config: dict, path: str, symbols: int) -> None:

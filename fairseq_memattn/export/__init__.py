@@ -16,6 +16,7 @@ stays float32. Needs onnx (the optional extra ``deploy``: ``pip install ".[deplo
 import json
 import os
 import shutil
+import uuid
 
 from ..errors import UserError, import_installed
 from ..staging import staging_beside
@@ -109,8 +110,13 @@ def write(folder: str, checkpoint: str, data: str, quantize: str, sentencepiece_
         graphs, config = family.build(model, quantize, *options)
     except ValueError as error:
         raise ExportError(str(error)) from None
+    from ..deploy.config import EXPORT_ID
+
+    export_id = uuid.uuid4().hex  # a graph copied in from another export is told at load
     for part, graph in graphs.items():
-        onnx.save(graph.model(), os.path.join(folder, f"{part}.onnx"))
+        graph_model = graph.model()
+        onnx.helper.set_model_props(graph_model, {EXPORT_ID: export_id})
+        onnx.save(graph_model, os.path.join(folder, f"{part}.onnx"))
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_dict.save(os.path.join(folder, "dict.source.txt"))
     tgt_dict.save(os.path.join(folder, "dict.target.txt"))
@@ -118,7 +124,7 @@ def write(folder: str, checkpoint: str, data: str, quantize: str, sentencepiece_
     if spm:
         shutil.copyfile(spm, os.path.join(folder, "spm.model"))
     config.update({
-        "format_version": FORMAT_VERSION, "quantize": quantize,
+        "format_version": FORMAT_VERSION, "quantize": quantize, "export_id": export_id,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
         "source_pad": src_dict.pad(), "source_eos": src_dict.eos(), "source_symbols": len(src_dict),
         "max_source_positions": int(model.max_positions()[0]),
