@@ -255,9 +255,10 @@ def check_source_length(model, source_length: int, label: str) -> None:
 def decode(model, task, generation_cfg, sample, label: str,
            choice: Optional[ReadChoice] = None) -> Alignment:
     """Beam search as fairseq-generate runs it; the best hypothesis and its alignment."""
-    check_source_length(model, sample["net_input"]["src_tokens"].size(1), label)
+    source_length = sample["net_input"]["src_tokens"].size(1)
+    check_source_length(model, source_length, label)
     generator = task.build_generator([model], generation_cfg)
-    check_length_range(generator, sample["net_input"]["src_tokens"].size(1))
+    check_length_range(generator, source_length)
     hypo = task.inference_step(generator, [model], sample)[0][0]
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src_tokens = sample["net_input"]["src_tokens"][0]
