@@ -57,8 +57,7 @@ MUTATIONS = {
                       "total = total * lengths.view(-1, 1, 1).clamp_min(1)",
                       "--memory-position-normalize mean: each context's total multiplied by the length, "
                       "not divided"),
-    "position-mean-onnx": (MEMORY, 'total = g.op("Div", total, g.op("Unsqueeze", g.op("Max", lengths',
-                           'total = g.op("Mul", total, g.op("Unsqueeze", g.op("Max", lengths',
+    "position-mean-onnx": (MEMORY, 'total = g.op("Div", total, words)', 'total = g.op("Mul", total, words)',
                            "the same in the export's graph",
                            EXPORT_TESTS + "lstm-feeding-pe"),
     "gate": (ATTENTION, "torch.sigmoid(self.gate(states)) * states", "torch.sigmoid(self.gate(states))",

@@ -530,7 +530,8 @@ def test_training_the_write_alone_refuses_fairseqs_fp16_optimizer(dictionary):
 
 def test_a_read_score_without_the_mix_read_is_reported(dictionary, caplog):
     build_transformer(dictionary, memory_decoder_score="sigmoid")
-    assert "--memory-decoder-score sigmoid is ignored: the attention read weighs the rows by attention" in caplog.text
+    assert ("--memory-decoder-score sigmoid ignored: --memory-read attention weighs the rows by a softmax of its "
+            "scores" in caplog.text)
     caplog.clear()
     build_transformer(dictionary, memory_read="mix", memory_decoder_score="sigmoid")
     assert "ignored" not in caplog.text

@@ -33,12 +33,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .batching import MAX_TOKENS, batches_by_tokens, padded, spread  # noqa: F401  (MAX_TOKENS: the library's default)
-from .cache import SelfAttentionCache  # noqa: F401  (re-exported)
+from ..errors import UserError
+from .batching import batches_by_tokens, padded, spread
 from .config import check_symbols, config_path, read_config
 from .decoder import DecoderRun
 from .dictionary import Dictionary
-from .exceptions import ModelFolderError, SourceError, SourceTooLong  # noqa: F401  (re-exported)
+from .exceptions import ModelFolderError, SourceError, SourceTooLong
 from .graphs import check_graphs, default_session_options, load_session, require_onnxruntime
 from .search import BeamSearch
 
@@ -254,7 +254,7 @@ class Translator:
         for name, value in (("beam", options.get("beam", 1)), ("workers", workers), ("batch_size", batch_size),
                             ("max_tokens", max_tokens)):
             if value is not None and value < 1:
-                raise ValueError(f"invalid {name}: {value} (must be >= 1)")
+                raise UserError(f"invalid {name}: {value} (must be >= 1)")
         limits = {key: options[key] for key in ("max_len_a", "max_len_b", "min_len") if key in options}
         for i, source in enumerate(sources):
             try:

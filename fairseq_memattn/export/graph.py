@@ -62,6 +62,10 @@ class Graph:
         """A small constant."""
         return self.weight(np.asarray(value, dtype=dtype), "const")
 
+    def cast(self, x: str, dtype) -> str:
+        """x as numpy's ``dtype`` (np.float32, np.int64, np.int32)."""
+        return self.op("Cast", x, to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
     def branch(self, condition: str, then_body, else_body) -> list:
         """ONNX's If: the float tensors ``then_body(g)`` returns where ``condition`` (a bool of one
         element) holds, else those of ``else_body(g)``, each body building its nodes in a graph ``g``

@@ -17,14 +17,13 @@
 
 import numpy as np
 
-from ..modules.attention import MemoryAttention
 from .graph import FLOAT, INT64, Graph, as_array
 from .search import beam_candidates
 
 
 def check_supported(model) -> None:
-    if not isinstance(model.encoder.attention, MemoryAttention):
-        raise ValueError("the export supports lstm_memattn with --attention-type memory only")
+    """Nothing to refuse: ``export.load_checkpoint`` refuses the other --attention-type values before
+    it loads the model."""
 
 
 def _lstm_weights(g: Graph, lstm, layer: int, directions):
@@ -47,19 +46,14 @@ def encoder_graph(model, quantize: str = None) -> Graph:
     g = Graph("memattn_lstm_encoder", quantize)
     tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
     padding = g.op("Equal", tokens, g.const(encoder.padding_idx, np.int64))
-    not_pad = g.op("Cast", g.op("Not", padding), to=INT64)
-    counts = g.op("CumSum", not_pad, g.const(1, np.int64))
-    lengths = g.op("Cast", g.op("ReduceSum", not_pad, g.const([1], np.int64), keepdims=0), to=6)  # int32
+    lengths = g.op("ReduceSum", g.cast(g.op("Not", padding), np.int32), g.const([1], np.int64), keepdims=0)
     x = g.op("Transpose", g.embedding(encoder.embed_tokens.weight, tokens), perm=[1, 0, 2])
     for layer in range(encoder.lstm.num_layers):
         y, h, c = g.op("LSTM", x, *_lstm_weights(g, encoder.lstm, layer, 2), lengths, outputs=3,
                        direction="bidirectional", hidden_size=H)
         x = g.op("Reshape", g.op("Transpose", y, perm=[0, 2, 1, 3]), g.const([0, 0, -1], np.int64))  # S x B x 2H
     states = g.op("Transpose", x, perm=[1, 0, 2])  # B x S x 2H, zero at padding
-    tokens_mask_f = g.op("Cast", not_pad, to=FLOAT)
-    sentence_lengths = g.op("ReduceSum", tokens_mask_f, g.const([1], np.int64), keepdims=1)
-    contexts, alpha = encoder.attention.writer.onnx_write(g, states, padding, tokens_mask_f,
-                                                          g.op("Cast", counts, to=FLOAT), sentence_lengths)
+    contexts, alpha = encoder.attention.writer.onnx_write(g, states, padding)
     K = encoder.attention.writer.num_contexts
     g.output(g.op("Unsqueeze", alpha, g.const([1], np.int64)), "alpha", FLOAT, ["batch", 1, "src_len", K])
     for name, tensor in encoder.attention.onnx_read_memory(g, contexts).items():

@@ -18,8 +18,8 @@ breaks ties to the lower index, as a stable sort. fairseq sets NaN log-probabili
 does the graph, on the few values the choice below reads (a row of LogSoftmax with a NaN is NaN or
 -inf throughout, so a block whose maximum is NaN hides no finite score).
 
-The choice reads the N x V log-probabilities once, not in a TopK over each source's beam x V: ONNX
-Runtime's TopK takes about 2 ns a value, more than the rest of the step's search together. The
+The choice reads the N x V log-probabilities once, not in a TopK over each source's beam x V, which
+would cost ONNX Runtime more than the rest of the step's search together. The
 vocabulary is cut into blocks of ``block_size(V)`` entries; the ``candidates`` blocks of a source with
 the largest maxima hold its ``candidates`` best scores (a score outside them has at least that many
 block maxima, each a distinct score, at or above it), and a TopK over those blocks, kept in index

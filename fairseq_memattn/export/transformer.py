@@ -104,22 +104,19 @@ def encoder_graph(model, activation: str, quantize: str = None, short_rows: int 
     g = Graph("memattn_transformer_encoder", quantize)
     tokens = g.input("src_tokens", INT64, ["batch", "src_len"])
     padding = g.op("Equal", tokens, g.const(encoder.padding_idx, np.int64))
-    not_pad = g.op("Cast", g.op("Not", padding), to=INT64)
+    not_pad = g.cast(g.op("Not", padding), np.int64)
     counts = g.op("CumSum", not_pad, g.const(1, np.int64))  # 1-based positions within each sentence
     positions = g.op("Add", g.op("Mul", counts, not_pad), g.const(encoder.padding_idx, np.int64))  # make_positions
     x = _embed(g, tokens, encoder, positions)
-    tokens_mask_f = g.op("Cast", not_pad, to=FLOAT)
-    x = g.op("Mul", x, g.op("Unsqueeze", tokens_mask_f, g.const([-1], np.int64)))
-    valid = g.op("Cast", not_pad, to=6)  # int32
+    x = g.op("Mul", x, g.op("Unsqueeze", g.cast(not_pad, np.float32), g.const([-1], np.int64)))
+    valid = g.cast(not_pad, np.int32)
     for layer in encoder.layers:
         x = _sublayer(g, x, layer.self_attn_layer_norm, layer.normalize_before,
                       lambda y, a=layer.self_attn: _self_attention(g, y, a, valid))
         x = _sublayer(g, x, layer.final_layer_norm, layer.normalize_before, _feed_forward(g, layer, activation))
     if encoder.layer_norm is not None:
         x = g.layer_norm(x, encoder.layer_norm)
-    s = g.op("Cast", counts, to=FLOAT)
-    lengths = g.op("ReduceSum", tokens_mask_f, g.const([1], np.int64), keepdims=1)  # B x 1
-    written = [writer.onnx_write(g, x, padding, tokens_mask_f, s, lengths) for writer in encoder.writers]
+    written = [writer.onnx_write(g, x, padding) for writer in encoder.writers]
     alpha = g.op("Concat", *[g.op("Unsqueeze", a, g.const([1], np.int64)) for _, a in written], axis=1)
     g.output(alpha, "alpha", FLOAT, ["batch", len(written), "src_len", encoder.writers[0].num_contexts])
     reads = [layer.encoder_attn for layer in model.decoder.layers]

@@ -32,7 +32,7 @@ from ..checkpoint_fit import check_family, check_lstm_fits, parameters_said_by_n
 from ..arg_types import positive_int, probability_below_one
 from .memory_options import (ALIGNMENT_CRITERION, add_memory_args, check_alignment_distribution,
                              check_all_embeddings_shared, fill_position_max_len, memory_defaults,
-                             trains_alignment)
+                             trains_alignment, warn_ignored_decoder_score)
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ class MemAttnLSTMModel(MemAttnHubModel, FairseqEncoderDecoderModel):
                             f"give (none has no attention, linear's weights have any sign): use memory, additive, "
                             f"general, dot or scaled_dot")
         if alignment and args.attention_type == "memory":
-            check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
+            check_alignment_distribution(args)
         if args.attention_type == "memory":
             fill_position_max_len(args, task)
         encoder_dim = 2 * args.encoder_hidden_size
@@ -439,9 +439,8 @@ def warn_ignored_options(args, context_dim) -> None:
                        f"size (--attention-type additive, or memory with --memory-read attention; this model: "
                        f"--attention-type {args.attention_type}"
                        + (f" --memory-read {memory_read})" if memory_read else ")"))
-    if memory_read in ("attention", "general") and args.memory_decoder_score != "softmax":
-        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} ignored: --memory-read {memory_read} "
-                       f"weighs the rows by a softmax of its scores (Eq. 2); the score of Eq. 7 is the mix's")
+    if memory_read is not None:
+        warn_ignored_decoder_score(args)
     memory_flags = memory_options_set(args) if args.attention_type != "memory" else []
     if memory_flags:
         logger.warning(f"{', '.join(memory_flags)} ignored: only --attention-type memory has a memory "

@@ -155,20 +155,27 @@ def trains_alignment(args, task) -> bool:
     return bool(getattr(getattr(task, "cfg", None), "load_alignments", False))
 
 
-def check_alignment_distribution(args, read_has_score: bool = True) -> None:
+def check_alignment_distribution(args) -> None:
     """Guided alignment trains each target token's alignment (beta x alpha^T) as a distribution over
     the source: alpha's columns must sum to 1 over the source (softmax over time) and beta's rows
-    over the K contexts (``read_has_score``: the read's weights are --memory-decoder-score's, where
-    an attention read's are always a softmax)."""
+    over the K contexts (the mix read's weights are --memory-decoder-score's; the other reads' are
+    always a softmax)."""
     checked = [("encoder-score", args.memory_encoder_score, "softmax"),
                ("encoder-normalize", args.memory_encoder_normalize, "time")]
-    if read_has_score:
+    if args.memory_read == "mix":
         checked.append(("decoder-score", args.memory_decoder_score, "softmax"))
     wrong = " ".join(f"--memory-{option} {given}" for option, given, needed in checked if given != needed)
     if wrong:
         give = " ".join(f"--memory-{option} {needed}" for option, _, needed in checked)
         raise UserError(f"--criterion {ALIGNMENT_CRITERION} trains each target token's alignment (beta x alpha^T) "
                         f"as a distribution over the source, which with {wrong} it is not: give {give}")
+
+
+def warn_ignored_decoder_score(args) -> None:
+    """--memory-decoder-score is the score of Eq. 7, which only the mix read has: trained without it, said once."""
+    if args.memory_read != "mix" and args.memory_decoder_score != "softmax":
+        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} ignored: --memory-read {args.memory_read} "
+                       f"weighs the rows by a softmax of its scores (Eq. 2); the score of Eq. 7 is the mix's")
 
 
 def check_all_embeddings_shared(args, task) -> None:

@@ -183,7 +183,8 @@ class AdditiveAttention(ContentAttention):
     def score_pairs(self, projected_query: Tensor, keys: Tensor) -> Tensor:
         """v^T tanh(W_q h_i + W_s s_j) for B x t projected queries and B x S keys, taken as
         2 v^T sigmoid(2x) - sum(v) (tanh x = 2 sigmoid(2x) - 1): the tanh's B x t x S x A values
-        are the step's largest work, and torch's CPU tanh costs about ten times its sigmoid."""
+        are the step's largest work, and torch's CPU tanh is far slower than its sigmoid
+        (docs/speed.md)."""
         hidden = torch.add(2 * projected_query.unsqueeze(2), keys.unsqueeze(1), alpha=2).sigmoid_()
         return 2 * self.v(hidden).squeeze(-1) - self.v.weight.sum()
 

@@ -111,6 +111,14 @@ def sentence_positions(padding_mask: Tensor, dtype: torch.dtype) -> Tuple[Tensor
     return tokens.cumsum(dim=1).to(dtype), tokens.sum(dim=1).to(dtype)
 
 
+def onnx_sentence_positions(g, padding: str) -> Tuple[str, str, str]:
+    """:func:`sentence_positions` in ONNX, in float: (1.0 at tokens, s, |x| as B x 1)."""
+    tokens = g.cast(g.op("Not", padding), np.int64)
+    tokens_f = g.cast(tokens, np.float32)
+    positions = g.cast(g.op("CumSum", tokens, g.const(1, np.int64)), np.float32)
+    return tokens_f, positions, g.op("ReduceSum", tokens_f, g.const([1], np.int64), keepdims=1)
+
+
 def position_encodings(padding_mask: Tensor, num_contexts: int, max_len: int,
                        normalize: str = "sum", dtype: torch.dtype = torch.float32) -> Tensor:
     """Eq. 10 with the masking and renormalisation of Sec. 3.2.
@@ -198,13 +206,11 @@ class MemoryWrite(nn.Module):
         alpha = self.write_weights(states, padding_mask)
         return sum_of_products(alpha.transpose(1, 2), states), alpha  # Eq. 4: C = alpha^T s
 
-    def onnx_write(self, g, states: str, padding: str, tokens_mask_f: str, positions: str,
-                   lengths: str) -> Tuple[str, str]:
-        """:meth:`write` in ONNX: (C, alpha) from states B x S x E, padding (bool B x S),
-        tokens_mask_f (1.0 at tokens), positions (float, 1-based within each sentence) and
-        the sentence lengths (float B x 1)."""
+    def onnx_write(self, g, states: str, padding: str) -> Tuple[str, str]:
+        """:meth:`write` in ONNX: (C, alpha) from states B x S x E and padding (bool B x S)."""
         K = self.num_contexts
         scores = g.linear(states, self.W_alpha)  # B x S x K
+        tokens_mask_f, positions, lengths = onnx_sentence_positions(g, padding)
         s = g.op("Unsqueeze", positions, g.const([-1], np.int64))
         if self.position_encoding_max_len is not None or self.window_log_width is not None:
             n = g.op("Unsqueeze", lengths, g.const([-1], np.int64))  # B x 1 x 1: each sentence's length

@@ -229,13 +229,12 @@ class AttentionRead(MemoryRead, MultiheadAttention):
     def memory_shape(self, rows, width="memory_rows"):
         return [rows, self.num_heads, width, self.head_dim]
 
-    def onnx_project(self, g, contexts):
-        return {part: g.split_heads(g.linear(contexts, proj), self.num_heads, self.head_dim)
+    def onnx_project(self, g, contexts, bias=True):
+        return {part: g.split_heads(g.linear(contexts, proj, bias=bias), self.num_heads, self.head_dim)
                 for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
 
     def onnx_project_states(self, g, states):
-        return {part: g.split_heads(g.linear(states, proj, bias=False), self.num_heads, self.head_dim)
-                for part, proj in (("key", self.k_proj), ("value", self.v_proj))}
+        return self.onnx_project(g, states, bias=False)
 
     def onnx_read(self, g, x, memory, short=None):
         q = g.op("Mul", g.linear(x, self.q_proj), g.const(self.scaling))

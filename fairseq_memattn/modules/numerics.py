@@ -41,7 +41,7 @@ def sum_of_products(a: Tensor, b: Tensor) -> Tensor:
 
     The sums of the attention (Eq. 1, 4, 6, Sec. 5 and the linear covariance) are
     reductions over up to |S| terms: in float16 a saturated Eq. 4-6 overflows
-    (see memory.MemoryWrite), and in bfloat16 each rounding costs 3 digits. So they
+    (see the docstring of modules/memory.py), and in bfloat16 each rounding costs 3 digits. So they
     run in float32 for a half-precision model (--fp16, --bf16) and under
     autocast (--amp), which would otherwise cast matmul back to half; float32 and
     float64 inputs go through unchanged, with identical results.

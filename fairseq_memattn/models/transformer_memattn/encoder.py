@@ -23,9 +23,9 @@ class MemAttnTransformerEncoder(AlignmentSwitch, TransformerEncoderBase):
         (``--memory-per-layer``) memories C, memory m written by ``writers[m]``;
       * ``alpha``: [B x M x S x K], the write weights, in the layout of
         ``src_tokens``, only when alignments are kept (``keep_alignment``: by
-        default in eval mode, never in training; make_generation_fast_, i.e.
-        ``--print-alignment`` or its absence, decides for fairseq-generate),
-        else [];
+        default in eval mode, in training only where guided alignment reads
+        them; make_generation_fast_, i.e. ``--print-alignment`` or its absence,
+        decides for fairseq-generate), else [];
       * ``group``: [a 1-element tensor], how many consecutive hypotheses share each row.
     """
 

@@ -22,7 +22,8 @@ from ...hub import MemAttnHubModel
 from ...modules.memory_reads import READS
 from ...modules.numerics import check_choice
 from ..memory_options import (add_memory_args, check_alignment_distribution, check_all_embeddings_shared,
-                              fill_position_max_len, memory_defaults, trains_alignment)
+                              fill_position_max_len, memory_defaults, trains_alignment,
+                              warn_ignored_decoder_score)
 from .decoder import MemAttnTransformerDecoder
 from .encoder import MemAttnTransformerEncoder
 
@@ -116,7 +117,7 @@ def fill_options(args, task):
     check_memory_options(args)
     check_all_embeddings_shared(args, task)
     if trains_alignment(args, task):
-        check_alignment_distribution(args, read_has_score=args.memory_read == "mix")
+        check_alignment_distribution(args)
     for name, default in (("max_source_positions", DEFAULT_MAX_SOURCE_POSITIONS),
                           ("max_target_positions", DEFAULT_MAX_TARGET_POSITIONS)):
         if getattr(args, name, None) is None:
@@ -179,9 +180,7 @@ def check_memory_options(args):
                         "for --fp16 and --bf16 gives a dropped gradient as zeros, which the optimizer's moments and "
                         "weight decay still turn into steps: use --memory-efficient-fp16 (or "
                         "--memory-efficient-bf16, or --amp)")
-    if args.memory_read == "attention" and args.memory_decoder_score != "softmax":
-        logger.warning(f"--memory-decoder-score {args.memory_decoder_score} is ignored: the attention read "
-                       f"weighs the rows by attention, not by Eq. 7's score (that is --memory-read mix)")
+    warn_ignored_decoder_score(args)
 
 
 @register_model_architecture("memattn_transformer", "transformer_memattn")
