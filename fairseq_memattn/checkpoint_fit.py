@@ -270,10 +270,13 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
         elif overridden:
             fix = (f"--model-overrides sets {', '.join(overridden)}: remove "
                    f"{'it' if len(overridden) == 1 else 'them'} from --model-overrides")
-        else:
+        elif not options:
+            fix = f"use {fit}"
+        else:  # the checkpoint's own options, edited or damaged
             saved = {name: differences[name][0] for name in options}
-            fix = (f"the checkpoint's saved options do not match its weights: pass "
-                   f"--model-overrides \"{saved}\"" if saved else f"use {fit}")
+            given = (", ".join(f"{name}={value!r}" for name, value in saved.items()) + f" to {caller}" if caller
+                     else f"--model-overrides \"{saved}\"")
+            fix = f"the checkpoint's saved options do not match its weights: pass {given}"
     else:
         fix = f"build the model with {fit}"
     where = f"{path} " if path else "the checkpoint "

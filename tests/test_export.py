@@ -558,6 +558,10 @@ def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair(own_pa
     empty = subprocess.run([*command, ""], env=clean_env(), cwd=tmp_path, capture_output=True, text=True)
     assert empty.returncode == 2 and empty.stderr.strip().splitlines()[-1] == (
         "fairseq-memattn-export: error: argument out: invalid value '' (give a path)")
+    negative = subprocess.run([*command, str(tmp_path / "out"), "--short-source-rows", "-1"], env=clean_env(),
+                              cwd=tmp_path, capture_output=True, text=True)
+    assert negative.returncode == 2 and negative.stderr.strip().splitlines()[-1] == (
+        "fairseq-memattn-export: error: argument --short-source-rows: invalid value -1 (must be an integer >= 0)")
 
 
 @pytest.mark.slow

@@ -346,7 +346,7 @@ def test_long_sequences_thin_the_ticks_and_bound_the_size():
     ("layer_out_of_range", "--layer 2 is out of range: "),
     ("head_out_of_range", "--head 2 is out of range: layer 1's attention read has heads 0..1"),
     ("layer_of_an_lstm", "--layer/--head choose a read of a transformer_memattn decoder layer"),
-    ("zero_dpi", "invalid --dpi: 0 (must be >= 1)"),
+    ("zero_dpi", "argument --dpi: invalid value 0 (must be an integer >= 1)"),
     ("huge_dpi", "invalid --dpi: 100000 (must be <= 1200)"),
     ("zero_beam", "invalid --beam: 0 (must be an integer >= 1)"),
     ("max_len_below_min_len_option", "invalid --max-len-b: 3 (must be >= --min-len 4)"),
@@ -514,6 +514,21 @@ def test_a_missing_split_is_named_with_its_folder_and_the_splits_there(tmp_path,
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"{plot_cli.PROG}: error: --gen-subset 'nope': no such split in {data} (splits there: train, valid)")
+
+
+def test_a_data_folder_that_does_not_tell_the_language_pair_is_one_line(tmp_path, capsys):
+    """Only the dictionaries and no --source-lang/--target-lang: fairseq's bare Exception."""
+    data = tmp_path / "data-bin"
+    task_options = translation_data(data)[:3]
+    model = tmp_path / "model.pt"
+    model.touch()  # not read: the task is set up first
+    with pytest.raises(SystemExit) as exit_info:
+        plot_cli.main(["--user-dir", PLUGIN_DIR, *task_options, "--path", str(model), "--example-id", "0",
+                       "-o", str(tmp_path / "figure.png")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"{plot_cli.PROG}: error: cannot tell the language pair of {data}: it has no fairseq-preprocess output "
+        "(train.SRC-TGT.SRC.idx) to tell it from; pass --source-lang and --target-lang")
 
 
 @pytest.mark.slow

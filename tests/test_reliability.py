@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import BIN, PLUGIN_DIR, build_model, clean_env, make_dictionary
 
-from fairseq_memattn.checkpoint_fit import loading
+from fairseq_memattn.checkpoint_fit import loading, overrides_given_as
 from fairseq_memattn.tasks.copy_task import CopyTask, CopyTaskConfig
 
 ARCHITECTURES = ["lstm_memattn", "lstm_memattn_wmt", "lstm_att", "lstm_noatt", "lstm_linatt"]
@@ -189,6 +189,21 @@ def test_misfit_is_reported_by_option(saved, built, message):
     checkpoint = build_model(**saved).state_dict()
     with pytest.raises(ValueError, match="checkpoint has " + re.escape(message)):
         build_model(**built).load_state_dict(checkpoint)
+
+
+def test_saved_options_that_do_not_fit_their_weights_are_overridden_where_the_load_came_from():
+    """A checkpoint whose saved options were edited: the command lines pass --model-overrides, the
+    hub its keyword arguments."""
+    checkpoint = build_model(memory_k=4).state_dict()
+    model = build_model(memory_k=8)
+    with pytest.raises(ValueError) as error, loading("saved", "checkpoint.pt"):
+        model.load_state_dict(checkpoint)
+    assert str(error.value).endswith("; the checkpoint's saved options do not match its weights: pass "
+                                     "--model-overrides \"{'memory_k': 4}\"")
+    with pytest.raises(ValueError) as error, loading("saved", "checkpoint.pt"), overrides_given_as("from_pretrained"):
+        model.load_state_dict(checkpoint)
+    assert str(error.value).endswith("; the checkpoint's saved options do not match its weights: pass "
+                                     "memory_k=4 to from_pretrained")
 
 
 def test_vocabulary_misfit_names_the_copy_tasks_option():

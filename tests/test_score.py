@@ -73,7 +73,8 @@ def test_two_runs_output_and_text_that_is_not_utf8_are_refused(tmp_path):
     for args, message in ((["twice.txt"], "twice.txt: T-0 appears twice: give the output of one fairseq-generate run"),
                           (["latin1.txt"], "latin1.txt: not UTF-8 text (invalid continuation byte)"),
                           (["out.txt", "--reference", "ref.txt"],
-                           "--reference ref.txt: not UTF-8 text (invalid continuation byte)")):
+                           "--reference ref.txt: not UTF-8 text (invalid continuation byte)"),
+                          (["out.txt", "--by-length", "0"], "argument --by-length: invalid value 0 (must be an integer >= 1)")):
         result = score(*args, cwd=tmp_path)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr.strip().splitlines()[-1] == "fairseq-memattn-score: error: " + message

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from . import log_to_stderr
-from ..arg_types import path_given
+from ..arg_types import non_negative_int, path_given
 from ..errors import one_line_errors
 
 PROG = "fairseq-memattn-export"
@@ -34,7 +34,7 @@ def parse_args(argv=None):
     parser.add_argument("out", type=path_given, help="output folder")
     parser.add_argument("--data", help="the data folder with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["int8"], help="int8 products (weights per column, inputs per row) and embeddings")
-    parser.add_argument("--short-source-rows", type=int, metavar="N",
+    parser.add_argument("--short-source-rows", type=non_negative_int, metavar="N",
                         help="transformer_memattn: a source of fewer than N tokens (EOS included) keeps its "
                              "memory as its |S| projected states, read through alpha, instead of K rows: "
                              "the same translation, less to read per step (default: K/2; 0: never)")
@@ -50,15 +50,12 @@ def main(argv=None):
     log_to_stderr()
     import fairseq_memattn
 
-    from ..export import ExportError, export
+    from ..export import export
 
     fairseq_memattn.register()  # the architectures of the checkpoint
     with one_line_errors(PROG):
-        try:
-            config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
-                            args.force, args.short_source_rows)
-        except ExportError as error:
-            parser.error(str(error))
+        config = export(args.checkpoint, args.out, args.data, args.quantize, args.sentencepiece_model,
+                        args.force, args.short_source_rows)
     print(f"exported {config['model']} ({args.quantize or 'float32'}) to {args.out}", file=sys.stderr)
 
 

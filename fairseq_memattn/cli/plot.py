@@ -13,12 +13,13 @@ from typing import List
 
 import torch
 
-from .. import plot
 from . import log_to_stderr
-from ..checkpoint_safety import not_a_file
+from ..arg_types import positive_int
+from ..checkpoint_safety import NO_LANGUAGE_PAIR, not_a_file
 from ..errors import one_line_errors
-from ..plot import (PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode, describe,
-                    draw, save)
+from ..plot import (Alignment, PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode,
+                    describe, draw, save)
+from ..plot.user_dir import accept_this_package
 from ..search_settings import check_search_settings
 from ..staging import file_in_the_way
 
@@ -43,7 +44,7 @@ def build_parser(prog=PROG):
                        help="image to write; its extension chooses the format (png, svg, pdf, ...)")
     group.add_argument("--labels", metavar="A,B,...",
                        help="column titles, one per --path checkpoint (default: from each model)")
-    group.add_argument("--max-ticks", type=int, default=40, metavar="N",
+    group.add_argument("--max-ticks", type=positive_int, default=40, metavar="N",
                        help="label at most N tokens per axis (every n-th beyond that)")
     group.add_argument("--layer", type=int, metavar="L",
                        help="transformer_memattn: the decoder layer whose read is plotted, 0-based "
@@ -51,7 +52,7 @@ def build_parser(prog=PROG):
     group.add_argument("--head", type=int, metavar="H",
                        help="transformer_memattn with the attention read: the head plotted, 0-based "
                             "(default: the mean over heads, as fairseq's alignments)")
-    group.add_argument("--dpi", type=int, default=150, metavar="N", help=f"1 to {MAX_DPI} (default 150)")
+    group.add_argument("--dpi", type=positive_int, default=150, metavar="N", help=f"1 to {MAX_DPI} (default 150)")
     return parser
 
 
@@ -75,9 +76,6 @@ def check_arguments(args, paths: List[str]) -> List[str]:
     blocked = file_in_the_way(os.path.dirname(os.path.abspath(args.output)))
     if blocked:
         raise PlotError(f"--output {args.output!r}: {blocked} is a file, not a folder")
-    for name, value in (("--max-ticks", args.max_ticks), ("--dpi", args.dpi)):
-        if value < 1:
-            raise PlotError(f"invalid {name}: {value} (must be >= 1)")
     if args.dpi > MAX_DPI:  # matplotlib would allocate the whole raster: gigabytes, then a MemoryError or the OOM killer
         raise PlotError(f"invalid --dpi: {args.dpi} (must be <= {MAX_DPI})")
     check_search(args)
@@ -149,7 +147,7 @@ def load_sample(cfg, args, task):
     return dataset.collater([dataset[index]])
 
 
-def run(args) -> List[plot.Alignment]:
+def run(args) -> List[Alignment]:
     """Load, check and decode every checkpoint; nothing is drawn before all of them worked."""
     import ast
 
@@ -172,7 +170,13 @@ def run(args) -> List[plot.Alignment]:
                         "dict, e.g. \"{'dropout': 0.0}\")")
     choice = ReadChoice(args.layer, args.head)
     use_cuda = torch.cuda.is_available() and not cfg.common.cpu
-    task = tasks.setup_task(cfg.task)
+    try:
+        task = tasks.setup_task(cfg.task)
+    except Exception as error:  # fairseq's translation task raises a bare Exception for this one
+        if str(error) != NO_LANGUAGE_PAIR:
+            raise
+        raise PlotError(f"cannot tell the language pair of {cfg.task.data}: it has no fairseq-preprocess output "
+                        "(train.SRC-TGT.SRC.idx) to tell it from; pass --source-lang and --target-lang") from None
     sample = load_sample(cfg, args, task)
     if use_cuda:
         sample = utils.move_to_cuda(sample)
@@ -199,8 +203,8 @@ def parse_args(argv=None, prog=PROG):
 
     import fairseq_memattn
 
-    # --user-dir imports nothing when this package is imported already, as it is here
     fairseq_memattn.register()
+    accept_this_package()  # --user-dir naming any copy of this package imports nothing: this one serves
     return options.parse_args_and_arch(build_parser(prog), argv)
 
 

@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from ..arg_types import positive_int
 from ..errors import UserError, one_line_errors
 
 PROG = "fairseq-memattn-score"
@@ -29,13 +30,11 @@ def main(argv=None, prog=PROG):
                         help="the references, one per input line, for output without T- lines "
                              "(fairseq-memattn-translate, fairseq-interactive); its D- lines are scored")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--by-length", type=int, metavar="WIDTH",
+    parser.add_argument("--by-length", type=positive_int, metavar="WIDTH",
                         help="also exact-match accuracy per band of WIDTH reference lengths")
     args = parser.parse_args(argv)
     from ..score import accuracy_by_length, read_generate_output, score
 
-    if args.by_length is not None and args.by_length < 1:
-        parser.error(f"--by-length: {args.by_length} (must be >= 1)")
     references = None
     if args.reference is not None:
         try:

@@ -25,11 +25,6 @@ side by side (Fig. 6's four scoring functions). The file type follows --output's
 (numpy, matplotlib).
 """
 
-from .capture import (PlotError, ReadChoice, attention_of, check_has_attention,  # noqa: F401
-                      check_read_choice, check_source_length, check_task, decode, describe, is_memory_transformer,
-                      memory_weights, memory_writers)
-from .figure import (CELL_INCHES, CONTEXT_GRID_COLUMNS, CONTEXT_PANEL_INCHES,  # noqa: F401
-                     FACTOR_PANEL_INCHES, MAIN_PANEL_INCHES, Alignment, draw, save)
-from .user_dir import accept_this_package
-
-accept_this_package()
+from .capture import (PlotError, ReadChoice, check_has_attention, check_read_choice,  # noqa: F401
+                      check_source_length, check_task, decode, describe, memory_weights)
+from .figure import FACTOR_PANEL_INCHES, MAIN_PANEL_INCHES, Alignment, draw, save  # noqa: F401
