@@ -116,6 +116,11 @@ FAMILY_MARKERS = (("transformer_memattn", "encoder.writers.0.W_alpha.weight"),
                   ("fairseq's lstm", "decoder.layers.0.weight_hh"))
 
 
+# What a misfit's fix says where the model is built from fairseq-train's command line (``loading``)
+BUILT_HERE = "the model is built from this command line"
+NEW_MODEL = "to train a new model use another --save-dir"
+
+
 def family(state):
     """Which kind of model a state dict is of (FAMILY_MARKERS), or None."""
     return next((name for name, marker in FAMILY_MARKERS if marker in state), None)
@@ -134,7 +139,7 @@ def check_family(checkpoint_state, model_state) -> None:
     else:
         fix = "give the --arch it was trained with"
     if context == "train":
-        fix += "; to train a new model use another --save-dir"
+        fix += f"; {NEW_MODEL}"
     raise UserError(f"{path or 'the checkpoint'} is a checkpoint of {saved}, not of {built}: {fix}")
 
 
@@ -255,10 +260,9 @@ def checkpoint_misfit(differences: Dict[str, Tuple[object, object]]) -> UserErro
         fit.append(advice(vocabularies[0]) if advice else "the dictionaries it was trained with (its data directory)")
     fit = ", ".join(fit)
     if context == "train":
-        fix = (f"the model is built from this command line: to continue training the checkpoint give "
-               f"{fit}; to train a new model use another --save-dir")
+        fix = f"{BUILT_HERE}: to continue training the checkpoint give {fit}; {NEW_MODEL}"
     elif context == "finetune":
-        fix = f"the model is built from this command line: to fine-tune the checkpoint give {fit}"
+        fix = f"{BUILT_HERE}: to fine-tune the checkpoint give {fit}"
     elif context == "saved":
         overridden = [name for name in options if name in overrides]
         caller = _overrides_giver.get()
@@ -293,10 +297,9 @@ def _unmatched_parameters(error: RuntimeError):
     context, path, _, _ = _loading.get()
     found = "; ".join(line.strip() if len(line.strip()) <= 160 else line.strip()[:157] + "..."
                       for line in lines[1:] if line.strip())
-    fix = {"train": "the model is built from this command line: give the options the checkpoint was trained "
-                    "with, or use another --save-dir to train a new model",
-           "finetune": "the model is built from this command line: give the options the checkpoint was "
-                       "trained with"}.get(context, "build the model with the options the checkpoint was trained with")
+    fix = {"train": f"{BUILT_HERE}: give the options the checkpoint was trained with; {NEW_MODEL}",
+           "finetune": f"{BUILT_HERE}: give the options the checkpoint was trained with"}.get(
+        context, "build the model with the options the checkpoint was trained with")
     return UserError(f"{path or 'the checkpoint'} does not fit the model ({found}): {fix}")
 
 
