@@ -2,12 +2,14 @@
 be what its option needs is refused in argparse's one line ("argument --data: DIR: no such folder")
 before any work starts, so that nothing trains, decodes or is deleted first. Numbers:
 fairseq_memattn.arg_types. And the one form of a refusal to reuse results made with other
-settings: ``changed``'s "--beam 30 (now 4)"."""
+settings: ``changed``'s "--beam 30 (now 4)". ``command_line``: the command a results file names."""
 
 import argparse
 import contextlib
 import os
 import pathlib
+import shlex
+import sys
 
 
 def _missing_folders(path: str):
@@ -147,3 +149,8 @@ def changed(recorded: dict, current: dict, most=None) -> str:
                for name, value in current.items() if name in recorded and recorded[name] != value]
     more = [f"{len(differs) - most} more"] if most is not None and len(differs) > most else []
     return ", ".join(differs[:most] + more)
+
+
+def command_line(module: str, argv=None) -> str:
+    """``python -m MODULE`` with this run's arguments (ARGV, default the process's), quoted so that it reruns."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])

@@ -324,9 +324,11 @@ def test_corpus_refuses_what_would_write_a_wrong_corpus(tmp_path, capsys, monkey
         "by '-', like en-fr; a code is letters, digits and '_', starting with a letter)")
     assert refused(corpus.main, [str(out), "--test-book", "42"], capsys).endswith(
         "argument --test-book: 42 is the --valid-book too (each split needs a book of its own)")
+    assert refused(corpus.main, [str(out), "--tgt", "v"], capsys).endswith(
+        "argument --tgt: v is not --pair en-fr's translation: give --tgt-lang too, the language code of its files")
     db = fake_bible(tmp_path / "db")
     monkeypatch.setattr(corpus, "bible_db", lambda tmp: db)
-    assert refused(corpus.main, [str(out), "--src", "zz"], capsys).endswith(
+    assert refused(corpus.main, [str(out), "--src", "zz", "--src-lang", "xx"], capsys).endswith(
         "argument --src: unknown translation code 'zz' (choose from 4, l)")
     assert refused(corpus.main, [str(out), "--test-book", "66"], capsys).endswith(
         "argument --test-book: no verse of book 66 in both 4 and l")

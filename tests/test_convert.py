@@ -553,6 +553,8 @@ def test_recipe_refuses_bad_options_before_any_work(toy, tmp_path, capsys):
          f"does not know go to fairseq-train --arch {convert_run.compare.MODELS[convert_run.ORIGINAL][1]})"),
         (["train", "converted"], ["--write-only-updates", "-50"],
          "argument --write-only-updates: invalid value -50 (must be an integer >= 0)"),
+        (["train", "scratch"], ["--write-only-updates", "50"], "argument --write-only-updates: 50 trains the "
+         "converted model's write alone first: give it to train converted only"),
         (["report"], ["--fractions", "-0.5"], "argument --fractions: invalid value -0.5 (must be a finite number > 0)"),
         (["report"], ["--fractions", "0.1", "0"],
          "argument --fractions: invalid value 0 (must be a finite number > 0)"),
@@ -612,6 +614,7 @@ def test_write_start_refuses_in_one_line_before_measuring(toy, tmp_path, capsys)
         (["--source", str(toy["converted"])], f"{toy['converted']} is already a memory attention model"),
         (["--data", str(tmp_path / "none")], f"argument --data: {tmp_path / 'none'}: no such folder"),
         (["--group", "1"], "argument --group: invalid value 1 (must be an integer >= 2)"),
+        (["--group", "21"], "argument --group: 21 is more than the 20 sentences of the valid split"),
     ]:
         assert recipe_refusal(write_start.main, capsys, *common, *argv).startswith(message)
     assert not (tmp_path / "out").exists()

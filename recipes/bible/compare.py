@@ -97,6 +97,18 @@ def train(args):
     return code
 
 
+def decode_test(checkpoint, data, out, extra=()):
+    """recipes.wmt17.run evaluate's result (beam 5) for the test split of DATA; its log in OUT/evaluate.log."""
+    result = subprocess.run([sys.executable, "-m", "recipes.wmt17.run", "evaluate", "en-fr", checkpoint,
+                             "--data", data, "--gpus", "0", "--out", out, "--beam", "5", *extra],
+                            capture_output=True, text=True, cwd=REPO)
+    with open(os.path.join(out, "evaluate.log"), "w", encoding="utf-8") as f:
+        f.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        sys.exit(f"evaluation of {checkpoint} failed: see {out}/evaluate.log")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def report(args):
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -113,16 +125,9 @@ def report(args):
         score_file = os.path.join(run, "score.json")
         # Only a finished run is evaluated: a score kept from a checkpoint still training would be stale.
         if not os.path.isfile(score_file) and log["stopped"] is not None and os.path.isfile(checkpoint):
-            result = subprocess.run(
-                [sys.executable, "-m", "recipes.wmt17.run", "evaluate", "en-fr", checkpoint,
-                 "--data", args.data, "--gpus", "0", "--out", run, "--beam", "5"],
-                capture_output=True, text=True, cwd=REPO)
-            with open(os.path.join(run, "evaluate.log"), "w", encoding="utf-8") as f:
-                f.write(result.stdout + result.stderr)
-            if result.returncode != 0:
-                sys.exit(f"evaluation of {model} failed: see {run}/evaluate.log")
+            score = decode_test(checkpoint, args.data, run)
             with open(score_file, "w", encoding="utf-8") as f:
-                f.write(result.stdout.strip().splitlines()[-1] + "\n")
+                f.write(json.dumps(score) + "\n")
         score = json.load(open(score_file)) if os.path.isfile(score_file) else {}
         rows.append((model, log, score))
     write_table(args.out, rows)
@@ -176,7 +181,9 @@ def main(argv=None):
     p.add_argument("--max-update", type=positive_int, default=2000, help="the budget, equal for every model")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cpu, or a GPU's precision (default cpu)")
-    args, args.extra = p.parse_known_args(argv)
+    args, args.extra = p.parse_known_args(argv)  # train: the rest goes to fairseq-train
+    if args.command == "report" and args.extra:
+        p.error(f"unrecognized arguments: {' '.join(args.extra)}")
     if args.command == "train":
         if args.model is None:
             p.error("train needs a model: " + ", ".join(sorted(MODELS)))

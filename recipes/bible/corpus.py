@@ -44,14 +44,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=output_dir)
     p.add_argument("--pair", default="en-fr", choices=sorted(PAIRS))
-    p.add_argument("--src", help="translation code of the source side (overrides --pair)")
-    p.add_argument("--tgt", help="translation code of the target side (overrides --pair)")
-    p.add_argument("--src-lang")
-    p.add_argument("--tgt-lang")
+    p.add_argument("--src", help="translation code of the source side (overrides --pair; needs --src-lang)")
+    p.add_argument("--tgt", help="translation code of the target side (overrides --pair; needs --tgt-lang)")
+    p.add_argument("--src-lang", help="the source files' language code (default --pair's)")
+    p.add_argument("--tgt-lang", help="the target files' language code (default --pair's)")
     p.add_argument("--test-book", type=positive_int, default=45)
     p.add_argument("--valid-book", type=positive_int, default=42)
     a = p.parse_args(argv)
     src, tgt = PAIRS[a.pair]
+    for side, code, lang, pair_code in (("src", a.src, a.src_lang, src), ("tgt", a.tgt, a.tgt_lang, tgt)):
+        if code not in (None, pair_code) and lang is None:  # its files would carry --pair's language code
+            p.error(f"argument --{side}: {code} is not --pair {a.pair}'s translation: give --{side}-lang too, "
+                    f"the language code of its files")
     src, tgt = a.src or src, a.tgt or tgt
     sl, tl = a.pair.split("-")
     sl, tl = a.src_lang or sl, a.tgt_lang or tl

@@ -15,16 +15,12 @@ the largest score difference, and decoding seconds (model loading excluded).
 import argparse
 import math
 import os
-import sys
 import time
 
 from fairseq_memattn.arg_types import positive_int
 from recipes.bible.options import language_pair, prepared
-from recipes.cli import check, existing_file, output_dir, output_file
+from recipes.cli import check, command_line, existing_file, output_dir, output_file
 from recipes.wmt17.data import check_pair
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 
 def fairseq_best(generate_output: str):
@@ -108,7 +104,7 @@ def main(argv=None):
                   encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
 
-    command = "python -m recipes.bible.deploy_quality " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("recipes.bible.deploy_quality", argv)
     lines = [f"# The exported model on the Bible test split\n",
              f"Command: `{command}`\n",
              f"Checkpoint: `{args.checkpoint}`; {len(refs)} sentences ({args.subset}), beam {args.beam}, batches of "

@@ -192,24 +192,12 @@ def validation_loss(checkpoint, data):
     return float(found.group(1)), float(found.group(2))
 
 
-def decode(checkpoint, data, out, extra=()):
-    """recipes.wmt17.run evaluate's result (beam 5) for the test split of DATA, written to OUT/score.json."""
-    result = subprocess.run([sys.executable, "-m", "recipes.wmt17.run", "evaluate", "en-fr", checkpoint,
-                             "--data", data, "--gpus", "0", "--out", out, "--beam", "5", *extra],
-                            capture_output=True, text=True, cwd=REPO)
-    with open(os.path.join(out, "evaluate.log"), "w", encoding="utf-8") as f:
-        f.write(result.stdout + result.stderr)
-    if result.returncode != 0:
-        sys.exit(f"evaluation of {checkpoint} failed: see {out}/evaluate.log")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def evaluate(checkpoint, data, out):
     """Test BLEU, chrF and decoding seconds, validation loss: OUT/score.json, made once."""
     score_file = os.path.join(out, "score.json")
     if not os.path.isfile(score_file):
         os.makedirs(out, exist_ok=True)
-        score = decode(checkpoint, data, out)
+        score = compare.decode_test(checkpoint, data, out)
         score["chrf"] = chrf(os.path.join(out, "hyp.test.fr"), os.path.join(data, "ref", "test.fr"))
         score["valid_loss"], score["valid_nll_loss"] = validation_loss(checkpoint, data)
         with open(score_file, "w", encoding="utf-8") as f:
@@ -257,7 +245,7 @@ def time_long(checkpoint, long_data, out, length):
     if not os.path.isfile(score_file):
         os.makedirs(out, exist_ok=True)
         positions = str(length + 2)
-        score = decode(checkpoint, long_data, out, [
+        score = compare.decode_test(checkpoint, long_data, out, [
             "--max-source-positions", positions, "--max-target-positions", positions,
             "--model-overrides", repr({"max_source_positions": length + 2, "max_target_positions": length + 2})])
         with open(score_file, "w", encoding="utf-8") as f:
@@ -347,6 +335,9 @@ def main(argv=None):
     args, args.extra = p.parse_known_args(argv)
     if args.command == "train" and args.run is None:
         p.error("train needs a run: " + ", ".join(sorted(RUN_MODELS)))
+    if args.write_only_updates and not (args.command == "train" and args.run == "converted"):
+        p.error(f"argument --write-only-updates: {args.write_only_updates} trains the converted model's write "
+                f"alone first: give it to train converted only")
     if args.command == "report":
         check(p, "--data", folder_with("ref/test.fr", "bpe/test.en", "bpe/test.fr"), args.data)
     model = RUN_MODELS[args.run] if args.command == "train" else MEMORY

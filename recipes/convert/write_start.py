@@ -71,6 +71,10 @@ def main(argv=None):
     p.add_argument("--group", type=integer_at_least(2), default=4,
                    help="sentences joined into each long source (default 4)")
     args = p.parse_args(argv)
+    with open(os.path.join(args.data, "bpe", "valid.en"), encoding="utf-8") as f:
+        sentences = sum(1 for _ in f)
+    if args.group > sentences:
+        p.error(f"argument --group: {args.group} is more than the {sentences} sentences of the valid split")
     from fairseq_memattn.convert import ConvertError
 
     with tempfile.TemporaryDirectory() as tmp:

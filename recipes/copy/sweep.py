@@ -42,24 +42,15 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 from fairseq_memattn.score import accuracy_by_length, read_generate_output
 from recipes import cli
 from recipes.cli import output_dir
+from recipes.copy.paper import PAPER
 from recipes.train_log import plot_curves, read_train_log
 from recipes.wmt17.run import fairseq_train_options
 
-# Paper Table 1: BLEU (decode time in seconds on a K40m) per length and model.
-PAPER = {
-    20: {"No Att": (99.93, 2.03), "K=1": (99.52, 2.12), "K=4": (99.56, 2.25), "K=16": (99.56, 2.21),
-         "K=32": (99.57, 2.59), "K=64": (99.75, 2.86), "Att": (99.98, 2.86)},
-    50: {"No Att": (97.37, 3.90), "K=1": (98.86, 4.33), "K=4": (99.95, 4.48), "K=16": (99.96, 4.58),
-         "K=32": (99.96, 5.35), "K=64": (99.97, 5.84), "Att": (99.94, 6.46)},
-    100: {"No Att": (73.99, 6.33), "K=1": (87.42, 7.32), "K=4": (99.81, 7.47), "K=16": (99.97, 7.50),
-          "K=32": (99.99, 7.65), "K=64": (100.00, 7.77), "Att": (100.00, 11.00)},
-    200: {"No Att": (32.64, 9.10), "K=1": (44.22, 9.30), "K=4": (98.54, 9.49), "K=16": (99.98, 9.53),
-          "K=32": (100.00, 9.59), "K=64": (100.00, 9.78), "Att": (100.00, 14.28)},
-}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 MODELS = ["No Att", "K=1", "K=4", "K=16", "K=32", "K=64", "Att", "fairseq lstm"]
 # "Att" is the paper's baseline, Bahdanau's additive attention; "fairseq lstm" is the peer our users
 # train instead: fairseq's own `lstm` (its attention, input feeding) at the same sizes. Not in the

@@ -9,7 +9,8 @@ Every model: 2 + 2 layers of 128 units, 4 heads, FFN 512, no dropout, Adam (0.9,
 validation every 250 updates, the best checkpoint by validation loss decoded with beam 10 and
 --min-len 0 (recipes/copy/train_eval.sh). Memory models: K = 32 and 64, both reads (attention over
 the K rows, the paper's mix c = beta C), the write as the architecture's defaults have it (softmax
-over time, no position encodings; --memory-args changes that).
+over time, no position encodings, the position window with the attention read; --memory-args changes
+that).
 Writes OUT/table.md and OUT/curves_L{L}.png; resumable (a run with a score.json is kept; a run
 under OUT trained with other settings is refused, so that the table never shows it under this
 command). Exits 1 if a run failed.
@@ -21,7 +22,7 @@ import shlex
 import sys
 
 from fairseq_memattn.arg_types import positive_int
-from recipes.cli import output_dir
+from recipes.cli import command_line, output_dir
 from recipes.copy.sweep import (changed_options, plot_curves, read_run, read_train_log, refuse_changed,
                                 report_failed, train_and_score, train_options)
 
@@ -102,7 +103,7 @@ def main(argv=None):
                 p.error(f"--memory-args {args.memory_args!r}: {error}")
     refuse_changed(p, args.out, changed)
     os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["python", "-m", "recipes.copy.transformer_quality", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("recipes.copy.transformer_quality", argv)
     results, failed = {}, []
     for length in args.lengths:
         for model in args.models:

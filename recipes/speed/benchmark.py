@@ -26,7 +26,6 @@ import csv
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -37,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
 from fairseq_memattn.arg_types import positive_int, positive_number
 from fairseq_memattn.cli.deploy_options import check_range
-from recipes.cli import output_dir, refuse_duplicates
+from recipes.cli import command_line, output_dir, refuse_duplicates
 from recipes.speed.options import changed
 from recipes.speed.report import read as read_csv, write_report
 
@@ -148,10 +147,10 @@ def build_model(name, max_len, input_feeding=False):
     return task.build_model(args), task
 
 
-def copy_batches(task, length, n_sources, batch_size, seed=0):
+def copy_batches(task, length, n_sources, batch_size):
     """n_sources random sequences of exactly `length` symbols (+ EOS), as collated batches."""
     d = task.source_dictionary
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     symbols = rng.integers(d.nspecial, len(d), size=(n_sources, length))
     tokens = torch.cat([torch.from_numpy(symbols), torch.full((n_sources, 1), d.eos())], dim=1)
     return [
@@ -291,7 +290,7 @@ def main(argv=None):
     decode_csv, train_csv = os.path.join(args.out, "decode.csv"), os.path.join(args.out, "train.csv")
     benchmark_decoding(args, decode_csv)
     benchmark_training(args, train_csv)
-    write_report(args.out, " ".join(["python", "-m", "recipes.speed.benchmark", *(argv or sys.argv[1:])]))
+    write_report(args.out, command_line("recipes.speed.benchmark", argv))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import numpy as np
 
 from fairseq_memattn.cli import log_to_stderr
 from fairseq_memattn.arg_types import positive_int, positive_number
-from recipes.cli import (check, existing_dir, existing_file, folder_with, output_dir, output_file,
+from recipes.cli import (check, command_line, existing_dir, existing_file, folder_with, output_dir, output_file,
                          refuse_duplicates)
 from recipes.speed.options import changed, require_ctranslate2
 
@@ -481,7 +481,7 @@ def engine_factors(rows, args):
     return "\n".join(lines)
 
 
-def ct2_backend(paths, args):
+def ct2_backend(paths):
     """The GEMM backends CTranslate2 reports for this CPU (its CT2_VERBOSE log on loading a model)."""
     folders = [os.path.join(paths["transformer"], engine) for engine in ("ct2-f32", "ct2-int8")]
     folder = next((folder for folder in folders if os.path.isdir(folder)), None)
@@ -585,12 +585,12 @@ def main(argv=None):
                     rows += measure(engine, threads, paths[ENGINES[engine][1]], todo, argv, args.rows,
                                     measured_with(args), round_)
     rows = median_over_rounds(rows)
-    command = "python -m recipes.speed.deploy " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("recipes.speed.deploy", argv)
     factors = engine_factors(rows, args)
     report = (f"# Decoding where users deploy\n\nCommand: `{command}`\n\n"
               + (f"Models: {' and '.join(args.trained)}, trained; the test split of {args.data}. " if args.trained else
                  f"Models: {SIZE_NAMES[args.size]}, untrained, {args.vocab} symbols; memattn K = {args.memory_k}. ")
-              + f"CTranslate2 {ct2_backend(paths, args)}.\n"
+              + f"CTranslate2 {ct2_backend(paths)}.\n"
               + table(rows, args)
               + ("\n\n## Each engine against fairseq on its own model\n\n"
                  "fairseq-generate's time over the engine's (CTranslate2 on `transformer`, the export on "

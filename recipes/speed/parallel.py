@@ -26,7 +26,7 @@ import sys
 import time
 
 from fairseq_memattn.arg_types import positive_int
-from recipes.cli import existing_file, folder_with, output_file
+from recipes.cli import command_line, existing_file, folder_with, output_file
 from recipes.speed.options import check_ct2_model, input_lines, load_export
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,7 +120,7 @@ def main(argv=None):
             cells = [f"{r['seconds']:.2f} s ({r['output_tokens']} tokens)" for r in rows]
             label = "CTranslate2" if engine == "ct2" else "exported (ONNX Runtime)"
             lines.append(f"| {label} | {os.path.basename(os.path.normpath(folder))} | " + " | ".join(cells) + " |")
-    command = "python -m recipes.speed.parallel " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("recipes.speed.parallel", argv)
     report = (f"# Translating a file on {args.cores} cores\n\nCommand: `{command}`\n\n"
               f"Seconds for the {rows[0]['sentences']} sentences of {args.input}, batches of {args.batch_size}, "
               f"beam {args.beam}:\n\n" + "\n".join(lines) + "\n")

@@ -18,14 +18,13 @@ import collections
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 import numpy as np
 
 from fairseq_memattn.arg_types import positive_int
-from recipes.cli import output_file
+from recipes.cli import command_line, output_file
 from recipes.speed.options import load_export
 
 WEIGHT_OPS = ("Gemm", "FusedGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
@@ -154,7 +153,7 @@ def main(argv=None):
     report = head + "\n\n" + "\n\n".join(tables)
     print(report)
     if args.out:
-        command = "python -m recipes.speed.profile_export " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = command_line("recipes.speed.profile_export", argv)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(f"# Where the exported model's time goes\n\nCommand: `{command}`\n\n{report}\n")
 

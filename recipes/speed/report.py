@@ -9,12 +9,11 @@ import csv
 import math
 import os
 
+from recipes.copy.paper import PAPER
+
 # Paper Table 1: seconds to decode the copy-task test set on a K40m GPU.
-PAPER_SECONDS = {
-    "noatt": {20: 2.03, 50: 3.90, 100: 6.33, 200: 9.10},
-    "k32": {20: 2.59, 50: 5.35, 100: 7.65, 200: 9.59},
-    "att": {20: 2.86, 50: 6.46, 100: 11.00, 200: 14.28},
-}
+PAPER_SECONDS = {model: {length: PAPER[length][label][1] for length in PAPER}
+                 for model, label in (("noatt", "No Att"), ("k32", "K=32"), ("att", "Att"))}
 
 
 def read(path):

@@ -18,14 +18,13 @@ throughput is sentences per second over the row. Needs the optional extras deplo
 
 import argparse
 import asyncio
-import sys
 import time
 
 import numpy as np
 
 from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
-from recipes.cli import existing_file, output_file, refuse_duplicates
+from recipes.cli import command_line, existing_file, output_file, refuse_duplicates
 from recipes.speed.options import input_lines, load_export, require
 
 
@@ -140,7 +139,7 @@ def main(argv=None):
             table.append(row(f"server, {count} client(s)", latencies, time.perf_counter() - start))
     print("\n".join(table))
     if args.out:
-        command = "python -m recipes.speed.serve " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = command_line("recipes.speed.serve", argv)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(f"# The translation server\n\nCommand: `{command}`\n\n" + "\n".join(table) + "\n")
 

@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 
 import sacrebleu
 
-from fairseq_memattn.arg_types import non_negative_int
+from fairseq_memattn.arg_types import non_negative_int, positive_int
 from recipes.cli import output_dir
 from recipes.wmt17 import data as wmt17
 from recipes.wmt17.data import PAIRS, VOCAB_SIZE, DataError, check_pair
@@ -284,8 +284,8 @@ def main(argv: List[str] = None):
     ev.add_argument("pair")
     ev.add_argument("checkpoint")
     ev.add_argument("--subset", choices=("test", "valid"), default="test")
-    ev.add_argument("--out", help="where to write the hypotheses (default: the checkpoint's folder)")
-    ev.add_argument("--runs", type=int, default=1, help="decode N times, report the mean time (Table 3: 10)")
+    ev.add_argument("--out", type=output_dir, help="where to write the hypotheses (default: the checkpoint's folder)")
+    ev.add_argument("--runs", type=positive_int, default=1, help="decode N times, report the mean time (Table 3: 10)")
     for p in (train, ev):
         p.add_argument("--data", help="prepare's output directory (default data/wmt17/PAIR)")
         p.add_argument("--gpus", type=non_negative_int, default=None, help="GPUs to use (default: all; 0 = CPU)")
@@ -310,8 +310,6 @@ def main(argv: List[str] = None):
                 parser.error(f"fairseq-train would refuse this command: {error}")
             print(shlex.join(command), flush=True)
             return
-        if args.runs < 1:
-            raise DataError(f"invalid --runs: {args.runs} (must be an integer >= 1)")
         result = evaluate(args.pair, args.checkpoint, data, args.subset,
                           args.out or os.path.dirname(os.path.abspath(args.checkpoint)), gpus,
                           args.runs, extra)
