@@ -37,7 +37,7 @@ PLUGIN = os.path.join(HERE, "..", "..", "fairseq_memattn")
 from fairseq_memattn.arg_types import positive_int, positive_number
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import command_line, output_dir, refuse_duplicates
-from recipes.speed.options import changed
+from recipes.speed.options import changed, tensor_storages, untrained_model
 from recipes.speed.report import read as read_csv, write_report
 
 # fairseq's `lstm` at the sizes of our models (its defaults are 512-d, unidirectional).
@@ -132,19 +132,11 @@ def checked_settings(p, args):
 
 def build_model(name, max_len, input_feeding=False):
     """An untrained model as fairseq-train would build it (seed 0), and its task."""
-    from fairseq import options, tasks
-
-    import fairseq_memattn
-
-    fairseq_memattn.register()  # imported before fairseq (its option types), so --user-dir imports nothing
-
-    cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
-           "--max-source-positions", str(max_len + 2), "--max-target-positions", str(max_len + 2),
-           *MODELS[name][1], *(["--input-feeding"] if input_feeding else [])]
-    args = options.parse_args_and_arch(options.get_training_parser(), cmd)
-    task = tasks.setup_task(args)
-    torch.manual_seed(0)
-    return task.build_model(args), task
+    model, task, _ = untrained_model(
+        ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
+         "--max-source-positions", str(max_len + 2), "--max-target-positions", str(max_len + 2),
+         *MODELS[name][1], *(["--input-feeding"] if input_feeding else [])])
+    return model, task
 
 
 def copy_batches(task, length, n_sources, batch_size):
@@ -167,21 +159,7 @@ def cached_bytes_per_hypothesis(model, batch, beam):
         encoder_out = model.encoder(**batch["net_input"])
         n = batch["net_input"]["src_tokens"].size(0)
         expanded = model.encoder.reorder_encoder_out(encoder_out, torch.arange(n).repeat_interleave(beam))
-    storages = {}
-
-    def walk(value):
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-
-    walk(expanded)
-    return sum(storages.values()) / (n * beam)
+    return sum(tensor_storages(expanded).values()) / (n * beam)
 
 
 def decoder_for(model, task, length, beam):

@@ -48,7 +48,7 @@ from fairseq_memattn.cli import log_to_stderr
 from fairseq_memattn.arg_types import positive_int, positive_number
 from recipes.cli import (check, command_line, existing_dir, existing_file, folder_with, output_dir, output_file,
                          refuse_duplicates)
-from recipes.speed.options import changed, require_ctranslate2
+from recipes.speed.options import changed, require_ctranslate2, untrained_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -204,7 +204,6 @@ def cells(args):
 def prepare(args):
     """Checkpoints, CTranslate2 models and ONNX exports in args.workdir (made when missing)."""
     import torch
-    from fairseq import options, tasks
 
     import fairseq_memattn
     from recipes.speed.transformer_decode import SIZES  # imports torch: not at the top, for the workers
@@ -228,10 +227,7 @@ def prepare(args):
         folder = model_folder(os.path.join(args.workdir, label), {"fairseq-train": command})
         checkpoint = os.path.join(folder, "checkpoint.pt")
         if not os.path.exists(checkpoint):
-            train_args = options.parse_args_and_arch(options.get_training_parser(), command)
-            task = tasks.setup_task(train_args)
-            torch.manual_seed(0)
-            model = task.build_model(train_args)
+            model, _, train_args = untrained_model(command)
             torch.save({"args": train_args, "model": model.state_dict(), "extra_state": {"train_iterator": {"epoch": 0}},
                         "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
                                                "lr_scheduler_state": {"best": None}, "num_updates": 0}]},

@@ -1,5 +1,6 @@
-"""What the speed recipes' command lines share: an export loaded (or refused on one line) before
-any timing, and the settings measurements were made with, compared on reuse."""
+"""What the speed recipes share: an export loaded (or refused on one line) before any timing, the
+settings measurements were made with, compared on reuse, an untrained model built as fairseq-train
+builds it, and the bytes a decoder's state holds."""
 
 import argparse
 import itertools
@@ -60,3 +61,35 @@ def changed(recorded: dict, current: dict) -> str:
         return {name: cli.option_value(value) for name, value in settings.items()}
 
     return cli.changed(as_text(recorded), as_text(current))
+
+
+def untrained_model(command):
+    """(model, task, args): the model fairseq-train would build from COMMAND (its options), seed 0."""
+    import torch
+    from fairseq import options, tasks
+
+    import fairseq_memattn
+
+    fairseq_memattn.register()  # before fairseq parses --user-dir, so that it imports nothing
+    args = options.parse_args_and_arch(options.get_training_parser(), command)
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task.build_model(args), task, args
+
+
+def tensor_storages(value, storages=None) -> dict:
+    """{data_ptr: bytes} of the storages of every tensor in VALUE (nested dicts, lists and tuples),
+    added to STORAGES: a storage shared by several tensors counts once."""
+    import torch
+
+    storages = {} if storages is None else storages
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        storages.setdefault(storage.data_ptr(), storage.nbytes())
+    elif isinstance(value, dict):
+        for item in value.values():
+            tensor_storages(item, storages)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            tensor_storages(item, storages)
+    return storages

@@ -46,6 +46,7 @@ from fairseq_memattn.arg_types import non_negative_int, positive_int
 from fairseq_memattn.cli.deploy_options import check_range
 from recipes.cli import output_file, refuse_duplicates
 from recipes.speed.benchmark import copy_batches, decoder_for
+from recipes.speed.options import tensor_storages, untrained_model
 
 SIZES = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
          "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
@@ -88,21 +89,12 @@ def parse_args(argv=None):
 
 def build(arch_args, max_len, layers=(3, 3)):
     """An untrained model as fairseq-train builds it (seed 0), its task and fairseq's cross_entropy."""
-    from fairseq import options, tasks
-
-    import fairseq_memattn
-
-    fairseq_memattn.register()  # imported before fairseq (its option types), so --user-dir imports nothing
-
     memory = ["--memory-position-max-len", str(max_len + 1)] if "transformer_memattn" in arch_args else []
-    cmd = ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
-           "--criterion", "cross_entropy", "--max-source-positions", str(max_len + 2),
-           "--max-target-positions", str(max_len + 2), "--encoder-layers", str(layers[0]),
-           "--decoder-layers", str(layers[1]), *SIZES, *arch_args, *memory]
-    args = options.parse_args_and_arch(options.get_training_parser(), cmd)
-    task = tasks.setup_task(args)
-    torch.manual_seed(0)
-    model = task.build_model(args)
+    model, task, args = untrained_model(
+        ["--user-dir", PLUGIN, "--task", "copy_task", "--copy-max-len", str(max_len), "--cpu",
+         "--criterion", "cross_entropy", "--max-source-positions", str(max_len + 2),
+         "--max-target-positions", str(max_len + 2), "--encoder-layers", str(layers[0]),
+         "--decoder-layers", str(layers[1]), *SIZES, *arch_args, *memory])
     model.eval()
     if hasattr(model.encoder, "keep_alignment"):
         # as fairseq-generate without --print-alignment (its make_generation_fast_ would also
@@ -139,25 +131,15 @@ def cached_kib_per_hypothesis(decoder, seen):
     """(all, self-attention part) KiB per hypothesis of `encoder_out` and the incremental state,
     each storage counted once."""
     self_attention = {layer.self_attn._incremental_state_id for layer in decoder.layers}
-    storages = {}  # data_ptr -> (bytes, is self-attention)
-
-    def walk(value, is_self):
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            storages.setdefault(storage.data_ptr(), (storage.nbytes(), is_self))
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item, is_self)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item, is_self)
-
-    walk(seen["encoder_out"], False)
+    storages = tensor_storages(seen["encoder_out"])
+    self_bytes = 0  # of the storages a self-attention's state holds first
     for key, value in seen["state"].items():
-        walk(value, key.split(".")[0] in self_attention)
+        before = set(storages)
+        tensor_storages(value, storages)
+        if key.split(".")[0] in self_attention:
+            self_bytes += sum(storages[ptr] for ptr in storages.keys() - before)
     per = 1024 * seen["hypotheses"]
-    return (sum(n for n, _ in storages.values()) / per,
-            sum(n for n, is_self in storages.values() if is_self) / per)
+    return sum(storages.values()) / per, self_bytes / per
 
 
 def seconds(fn):
