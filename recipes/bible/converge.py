@@ -76,6 +76,12 @@ VARIANTS = {
                                                      "--memory-read", "attention"]),
     "lstm_memattn_general_read": ("lstm_memattn", ["--memory-position-normalize", "mean",
                                                    "--memory-read", "general"]),
+    # transformer_memattn's write (softmax over time, the position window, no encodings) and its read
+    "lstm_memattn_transformer_write": ("lstm_memattn", ["--no-memory-position-encoding", "--memory-encoder-score",
+                                                        "softmax", "--memory-encoder-normalize", "time",
+                                                        "--memory-position-window", "--memory-read", "attention"]),
+    "lstm_memattn_attention_read_k128": ("lstm_memattn", ["--memory-position-normalize", "mean",
+                                                          "--memory-read", "attention", "--memory-k", "128"]),
     "lstm_att_input_feeding": ("lstm_att", ["--input-feeding"]),
 }
 MODELS.update({name: [*MODELS[model], *changed] for name, (model, changed) in VARIANTS.items()})
