@@ -51,6 +51,8 @@ def check_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *names:
 
 
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The translator's options, each refused in argparse's one line where out of range; and --threads,
+    where not given, shared out among --workers."""
     check_positive(p, args, "beam", "max_tokens", "workers")
     check_range(p, args, "threads", 1, 4 * (os.cpu_count() or 1))  # more only oversubscribes the cores
     for name in ("min_len", "max_len_a", "max_len_b"):
