@@ -55,6 +55,12 @@ def test_alignment_in_training_is_a_distribution_over_the_source(dictionary, nam
     assert attn.shape == (*target.shape, tokens.size(1))
     assert torch.allclose(attn.sum(dim=-1), torch.ones(target.shape), atol=1e-5)
     assert attn.masked_select(tokens.eq(dictionary.pad()).unsqueeze(1)).eq(0).all()  # left padding
+    # dropout is 0: the training alignment is the evaluation one, which test_model and
+    # test_transformer_memattn check against loops of beta x alpha^T (Sec. 5) or the attention's weights
+    with torch.no_grad():
+        evaluated = model.eval()(**sample["net_input"])[1]["attn"][0]
+    model.train()
+    torch.testing.assert_close(attn.detach(), evaluated)
 
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     criterion = LabelSmoothedCrossEntropyCriterionWithAlignment(task, False, 0.0, 0.5)

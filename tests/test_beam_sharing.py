@@ -36,19 +36,29 @@ def test_no_hypotheses_left():
     assert rows.numel() == 0 and group == 1
 
 
-def beam_search_with_varied_lengths(model, dictionary):
+def beam_search_with_varied_lengths(model, dictionary, sources_must_differ=True):
     """Beam search, after making the untrained model end sentences at different
-    steps (sharper outputs, a bias towards EOS), so that finished sentences
-    leave the batch while others go on."""
+    steps (sharper outputs, a bias towards EOS), so that finished sources leave the
+    batch while others go on; where no bias does that (untrained linear attention's
+    outputs hardly depend on the source) and not ``sources_must_differ``, a search
+    whose hypotheses at least end at different steps."""
+    hypotheses_differ = None
     with torch.no_grad():
         model.decoder.output_projection.weight.mul_(10)
-        model.decoder.output_projection.bias[dictionary.eos()] -= 1
-        for _ in range(20):
+        model.decoder.output_projection.bias[dictionary.eos()] -= 3
+        for _ in range(40):
             hypos = beam_search(model, dictionary)
-            if len({len(h["tokens"]) for sentence in hypos for h in sentence}) > 1:
+            # a source finishes when its last hypothesis does
+            if len({max(len(h["tokens"]) for h in sentence) for sentence in hypos}) > 1:
                 return hypos
+            if hypotheses_differ is None and len({len(h["tokens"]) for sentence in hypos for h in sentence}) > 1:
+                hypotheses_differ = hypos, model.decoder.output_projection.bias[dictionary.eos()].item()
             model.decoder.output_projection.bias[dictionary.eos()] += 0.25
-    pytest.fail("no EOS bias made sentences end at different steps")
+        if hypotheses_differ is not None and not sources_must_differ:
+            hypos, bias = hypotheses_differ
+            model.decoder.output_projection.bias[dictionary.eos()] = bias  # the model that searched them
+            return hypos
+    pytest.fail("no EOS bias made sources end at different steps")
 
 
 @pytest.mark.parametrize("input_feeding", [False, True])
@@ -57,7 +67,7 @@ def test_shared_memory_decodes_like_a_copy_per_hypothesis(dictionary, attention_
                                                           input_feeding, monkeypatch):
     model = build_model(dictionary, attention_type=attention_type, input_feeding=input_feeding)
     model.decoder.make_generation_fast_(need_attn=attention_type != "none")
-    shared = beam_search_with_varied_lengths(model, dictionary)
+    shared = beam_search_with_varied_lengths(model, dictionary, attention_type.startswith("memory"))
     # The reference: every reorder selects one row per hypothesis, as fairseq's own models do.
     monkeypatch.setattr(beam_sharing, "share_rows", lambda new_order, group: (new_order // group, 1))
     copied = beam_search(model, dictionary)

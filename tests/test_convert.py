@@ -404,7 +404,8 @@ def test_fairseq_generate_and_the_hub_load_the_converted_model(toy):
     hub = TransformerModel.from_pretrained(str(toy["root"]), checkpoint_file=toy["converted"].name,
                                            data_name_or_path=data_bin, user_dir=PLUGIN_DIR,
                                            bpe="sentencepiece", sentencepiece_model=str(toy["data"] / "spm.model"))
-    assert isinstance(hub.translate("The dog sees the house."), str)
+    translation = hub.translate("The dog sees the house.")
+    assert isinstance(translation, str) and translation.strip(), translation
     assert type(hub.models[0]).__name__ == "MemAttnTransformerModel"
 
     from fairseq_memattn.models.transformer_memattn import MemAttnTransformerModel
@@ -412,8 +413,11 @@ def test_fairseq_generate_and_the_hub_load_the_converted_model(toy):
     for checkpoint in (toy["converted"], toy["transformer"]):  # the plain transformer too, with fairseq's alignments
         hub = MemAttnTransformerModel.from_pretrained(str(checkpoint.parent), checkpoint_file=checkpoint.name,
                                                       data_name_or_path=data_bin)
-        best = hub.generate(hub.encode("4 5 6"), beam=2, print_alignment="hard")[0]
-        assert best["alignment"] is not None, checkpoint
+        source = hub.encode("4 5 6")
+        best = hub.generate(source, beam=2, print_alignment="hard")[0]
+        # fairseq's hard alignment: (source, target) for each target token but EOS, the source's EOS left out
+        assert [t for _, t in best["alignment"]] == list(range(len(best["tokens"]) - 1)), checkpoint
+        assert all(0 <= s < len(source) - 1 for s, _ in best["alignment"]), checkpoint
 
 
 @pytest.mark.slow

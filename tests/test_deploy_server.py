@@ -172,9 +172,8 @@ def test_a_full_queue_gets_503_at_once(server, trained):
         while len(app[BATCHER].waiting) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        start = time.monotonic()
-        status, headers, answer = call(url, data=json.dumps({"text": ["7"]}).encode())
-        assert status == 503 and "busy" in answer["error"] and time.monotonic() - start < 5
+        status, headers, answer = call(url, data=json.dumps({"text": ["7"]}).encode())  # the gate still closed
+        assert status == 503 and "busy" in answer["error"]
         assert headers["Retry-After"] == "1"
         translator.gate.set()
         assert decoding.result()[0] == 200 and waiting.result()[0] == 200
@@ -268,10 +267,8 @@ def test_a_deflate_body_cut_short_is_answered_at_once(server):
         client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Encoding: deflate\r\n"
                        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
         time.sleep(0.3)
-        started = time.monotonic()
         client.sendall(body)
         answer = client.recv(4096)
-    assert time.monotonic() - started < 10
     assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b'{"error": "the body\'s deflate stream is cut short"}')
 
 
@@ -421,10 +418,8 @@ def wait_for(condition, seconds=30):
 def test_a_request_past_its_deadline_gets_504(server, trained):
     translator = Gated(str(trained("attention")[1]))
     url, app, _ = server(translator, window=0, timeout=0.5)
-    start = time.monotonic()
     status, answer = post(url, {"text": ["3 1"]})
     assert status == 504 and answer == {"error": "not answered within the server's --timeout-s 0.5 s"}
-    assert time.monotonic() - start < 10
     translator.gate.set()
     assert post(url, {"text": ["3 1"]})[0] == 200
 
@@ -434,7 +429,6 @@ def test_idle_connections_and_partial_headers_are_closed(server):
     url, _, _ = server(idle_timeout=0.5)
     for sent in (b"", b"POST /translate HTTP/1.1\r\nHost: te"):
         client = raw_request(url, sent)
-        client.settimeout(10)
-        start = time.monotonic()
-        assert client.recv(1024) == b"" and time.monotonic() - start < 5  # closed by the server
+        client.settimeout(10)  # a connection left open ends the test in socket.timeout
+        assert client.recv(1024) == b""  # closed by the server
         client.close()

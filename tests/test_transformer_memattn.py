@@ -242,6 +242,9 @@ def test_memory_is_eq_4_5_of_the_final_encoder_states(dictionary, encoder_score,
     assert encoder_out["memory"][0].shape == (3, 2, 3, 16)  # B x layers x K x d, no |S| x d states
     assert set(encoder_out) == {"memory", "alpha", "group"}
     for index, writer in enumerate(model.encoder.writers):
+        # write_by_loops follows the writer's settings: they must be the ones this case asked for
+        assert (writer.encoder_score, writer.encoder_normalize, writer.position_encoding_max_len is not None,
+                writer.window_log_width is not None) == (encoder_score, normalize, position_encoding, window)
         C, alpha = write_by_loops(writer, states, lengths.tolist())
         torch.testing.assert_close(encoder_out["memory"][0][:, index], C, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(encoder_out["alpha"][0][:, index], alpha, atol=1e-5, rtol=1e-5)
