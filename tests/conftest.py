@@ -216,3 +216,11 @@ def check_alignment_lines(out):
         n_src, n_hyp = len(sources[i].split()), len(hypotheses[i].split())
         assert len(pairs) == (n_hyp if n_src else 0)
         assert all(0 <= s < max(n_src, 1) and 0 <= t < n_hyp for s, t in pairs)
+
+
+def without_language_pair(checkpoint, out):
+    """``checkpoint`` as fairseq-train saves it when the pair came from the data folder's files."""
+    state = torch.load(checkpoint, weights_only=False)
+    state["cfg"]["task"]["source_lang"] = state["cfg"]["task"]["target_lang"] = None
+    torch.save(state, out)
+    return out

@@ -18,7 +18,7 @@ import torch
 from fairseq import checkpoint_utils, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import PLUGIN_DIR, REPO, clean_env, run_fairseq
+from conftest import PLUGIN_DIR, REPO, clean_env, run_fairseq, without_language_pair
 import wmt17_toy
 
 from fairseq_memattn import convert
@@ -328,14 +328,6 @@ def test_data_with_other_dictionaries_is_refused_naming_them(toy, tmp_path, caps
         f"source dictionary {rows + 2} symbols, the checkpoint's {rows} (give --data the folder with the "
         f"dictionaries the transformer was trained with)")
     assert not (tmp_path / "out.pt").exists()
-
-
-def without_language_pair(checkpoint, out):
-    """``checkpoint`` as fairseq-train saves it when the pair came from the data folder's files."""
-    state = torch.load(checkpoint, weights_only=False)
-    state["cfg"]["task"]["source_lang"] = state["cfg"]["task"]["target_lang"] = None
-    torch.save(state, out)
-    return out
 
 
 def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair_is_one_line(toy, tmp_path, capsys):

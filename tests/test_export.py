@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import PLUGIN_DIR, REPO, clean_env, once_per_run
+from conftest import PLUGIN_DIR, REPO, clean_env, once_per_run, without_language_pair
 from conftest import run_fairseq as run
 
 pytest.importorskip("onnx", reason="the export needs the optional extra 'deploy' (onnx)")
@@ -539,10 +539,7 @@ def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair(own_pa
     argparse's line."""
     import shutil
 
-    state = torch.load(own_pair_transformer["checkpoint"], weights_only=False)
-    state["cfg"]["task"]["source_lang"] = state["cfg"]["task"]["target_lang"] = None
-    checkpoint = tmp_path / "no_pair.pt"
-    torch.save(state, checkpoint)
+    checkpoint = without_language_pair(own_pair_transformer["checkpoint"], tmp_path / "no_pair.pt")
     data = tmp_path / "dictionaries"
     data.mkdir()
     for dictionary in (own_pair_transformer["out"] / "data-bin").glob("dict.*.txt"):
