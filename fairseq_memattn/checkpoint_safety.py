@@ -112,18 +112,23 @@ NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
 
 
 def task_setup_error(error: BaseException) -> bool:
-    """Whether fairseq's task setup failed on its data folder (moved, or without the fairseq-preprocess
-    output that tells the language pair: fairseq raises a bare Exception for that one)."""
-    return isinstance(error, (OSError, ValueError)) or str(error) == NO_LANGUAGE_PAIR
+    """Whether fairseq's task setup failed on its data folder: moved, empty (an AssertionError), or
+    without the fairseq-preprocess output that tells the language pair (a bare Exception)."""
+    return isinstance(error, (OSError, ValueError, AssertionError)) or str(error) == NO_LANGUAGE_PAIR
 
 
-def task_setup_failed(path: str, error: BaseException) -> str:
-    """What to say when a checkpoint's task cannot be set up: usually its dictionaries' folder (the
-    task's data) has moved since training."""
+def no_language_pair(data: str, fix: str) -> str:
+    """fairseq's NO_LANGUAGE_PAIR said with the folder it looked in and the fix."""
+    return f"{data} has no fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell the language pair from; {fix}"
+
+
+def task_setup_failed(path: str, data: str, error: BaseException) -> str:
+    """What to say when a checkpoint's task cannot be set up on the data folder `data`: usually its
+    dictionaries' folder has moved since training."""
     if str(error) == NO_LANGUAGE_PAIR:
-        return (f"cannot tell the language pair of {path}: its data folder has no fairseq-preprocess output "
-                f"(train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin folder it was trained on")
-    return (f"cannot set up the task of {path} ({type(error).__name__}: {error}); "
+        return f"cannot set up the task of {path}: " + no_language_pair(
+            data, "pass --data DIR, the data-bin folder it was trained on")
+    return (f"cannot set up the task of {path} on {data!r} ({type(error).__name__}: {error}); "
             f"pass --data DIR, the folder with its dictionaries")
 
 

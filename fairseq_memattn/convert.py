@@ -116,9 +116,9 @@ def setup_task(cfg, path: str):
     try:
         return tasks.setup_task(cfg.task)
     except Exception as error:
-        if not (task_setup_error(error) or isinstance(error, AssertionError)):
+        if not task_setup_error(error):
             raise
-        raise ConvertError(task_setup_failed(path, error))
+        raise ConvertError(task_setup_failed(path, cfg.task.data, error))
 
 
 def check_dictionaries(task, cfg, weights: dict, path: str) -> None:

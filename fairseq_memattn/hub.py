@@ -26,7 +26,7 @@ from fairseq.hub_utils import GeneratorHubInterface
 
 from . import register
 from .checkpoint_fit import overrides_given_as
-from .checkpoint_safety import NO_LANGUAGE_PAIR
+from .checkpoint_safety import NO_LANGUAGE_PAIR, no_language_pair
 from .errors import UserError
 from .models.memory_options import position_encoding_limit
 from .modules.memory import source_too_long
@@ -63,10 +63,10 @@ class MemAttnHubModel:
                 loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                                    archive_map=cls.hub_models(), **kwargs)
         except Exception as error:
-            missing = unusable_data(error)
-            if missing is None:
+            unusable = unusable_data(data, error)
+            if unusable is None:
                 raise
-            raise UserError(f"{data} holds {missing}") from None
+            raise UserError(unusable) from None
         return MemAttnHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
@@ -86,16 +86,15 @@ def check_paths(model_name_or_path, checkpoint_file: str, data_name_or_path: str
     return data
 
 
-def unusable_data(error: Exception):
+def unusable_data(data: str, error: Exception):
     """What the data folder lacks, and what to give, where fairseq's translation task stopped on it;
     else None."""
     data_bin = "give data_name_or_path=, the data-bin folder the model was trained on"
     if str(error) == NO_LANGUAGE_PAIR:
-        return (f"no fairseq-preprocess output to tell the language pair from: {data_bin}, or source_lang= "
-                f"and target_lang= with its dictionaries")
+        return no_language_pair(data, f"{data_bin}, or source_lang= and target_lang= with its dictionaries")
     name = os.path.basename(str(getattr(error, "filename", None) or ""))
     if isinstance(error, FileNotFoundError) and name.startswith("dict."):
-        return f"no {name}: {data_bin}"
+        return f"{data} holds no {name}: {data_bin}"
     return None
 
 

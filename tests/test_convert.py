@@ -342,9 +342,9 @@ def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair_is_one
         convert_cli.main([str(checkpoint), str(tmp_path / "out.pt"), "--memory-k", str(K), "--data", str(data)])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"fairseq-memattn-convert: error: cannot tell the language pair of {checkpoint}: its data folder has no "
-        f"fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin "
-        f"folder it was trained on")
+        f"fairseq-memattn-convert: error: cannot set up the task of {checkpoint}: {data} has no fairseq-preprocess "
+        f"output (train.SRC-TGT.SRC.idx) to tell the language pair from; pass --data DIR, the data-bin folder it "
+        f"was trained on")
     assert not (tmp_path / "out.pt").exists()
 
 

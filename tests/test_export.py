@@ -548,9 +548,9 @@ def test_data_holding_only_dictionaries_for_a_checkpoint_without_its_pair(own_pa
     result = subprocess.run([*command, str(tmp_path / "out"), "--data", str(data)], env=clean_env(), cwd=tmp_path,
                             capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
-        f"fairseq-memattn-export: error: cannot tell the language pair of {checkpoint}: its data folder has no "
-        f"fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell it from; pass --data DIR, the data-bin "
-        f"folder it was trained on")
+        f"fairseq-memattn-export: error: cannot set up the task of {checkpoint}: {data} has no fairseq-preprocess "
+        f"output (train.SRC-TGT.SRC.idx) to tell the language pair from; pass --data DIR, the data-bin folder it "
+        f"was trained on")
     assert not (tmp_path / "out").exists()
     empty = subprocess.run([*command, ""], env=clean_env(), cwd=tmp_path, capture_output=True, text=True)
     assert empty.returncode == 2 and empty.stderr.strip().splitlines()[-1] == (

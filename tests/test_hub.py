@@ -266,9 +266,9 @@ def test_from_pretrained_names_a_data_folder_it_cannot_use(recipe_dir, tmp_path)
             (tmp_path, {},
              f"{tmp_path} holds no dict.en.txt: give data_name_or_path=, the data-bin folder the model was trained on"),
             (tmp_path, dict(source_lang=None, target_lang=None),  # as trained without --source-lang/--target-lang
-             f"{tmp_path} holds no fairseq-preprocess output to tell the language pair from: give "
-             "data_name_or_path=, the data-bin folder the model was trained on, or source_lang= and target_lang= "
-             "with its dictionaries")]:
+             f"{tmp_path} has no fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell the language pair from; "
+             "give data_name_or_path=, the data-bin folder the model was trained on, or source_lang= and "
+             "target_lang= with its dictionaries")]:
         with pytest.raises(ValueError) as error:
             MemAttnLSTMModel.from_pretrained(folder, checkpoint_file="checkpoint_best.pt", data_name_or_path=str(data),
                                              **options)

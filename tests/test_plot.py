@@ -527,8 +527,8 @@ def test_a_data_folder_that_does_not_tell_the_language_pair_is_one_line(tmp_path
                        "-o", str(tmp_path / "figure.png")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"{plot_cli.PROG}: error: cannot tell the language pair of {data}: it has no fairseq-preprocess output "
-        "(train.SRC-TGT.SRC.idx) to tell it from; pass --source-lang and --target-lang")
+        f"{plot_cli.PROG}: error: {data} has no fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell the "
+        "language pair from; pass --source-lang and --target-lang")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import torch
 
 from . import log_to_stderr
 from ..arg_types import positive_int
-from ..checkpoint_safety import NO_LANGUAGE_PAIR, not_a_file
+from ..checkpoint_safety import NO_LANGUAGE_PAIR, no_language_pair, not_a_file
 from ..errors import one_line_errors
 from ..plot import (Alignment, PlotError, ReadChoice, check_has_attention, check_read_choice, check_task, decode,
                     describe, draw, save)
@@ -175,8 +175,7 @@ def run(args) -> List[Alignment]:
     except Exception as error:  # fairseq's translation task raises a bare Exception for this one
         if str(error) != NO_LANGUAGE_PAIR:
             raise
-        raise PlotError(f"cannot tell the language pair of {cfg.task.data}: it has no fairseq-preprocess output "
-                        "(train.SRC-TGT.SRC.idx) to tell it from; pass --source-lang and --target-lang") from None
+        raise PlotError(no_language_pair(cfg.task.data, "pass --source-lang and --target-lang")) from None
     sample = load_sample(cfg, args, task)
     if use_cuda:
         sample = utils.move_to_cuda(sample)

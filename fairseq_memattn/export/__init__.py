@@ -67,7 +67,7 @@ def load_checkpoint(path: str, data: str = None):
     except Exception as error:
         if not task_setup_error(error):
             raise
-        raise ExportError(task_setup_failed(path, error))
+        raise ExportError(task_setup_failed(path, cfg["task"].data, error))
     model = models[0].float().eval()
     return model, task
 
