@@ -1,7 +1,7 @@
 """Measure what the tests that assert a trained result reach, over seeds and thread counts.
 
     python tests/measure_trained.py cli transformer distributed distributed_transformer reliability \\
-        wmt17 wmt17_transformer quickstart \\
+        wmt17 wmt17_transformer quickstart export_int8 \\
         --seeds 1 2 3 4 5 --threads 1 2 --out /tmp/measure
 
 Each test fixes its seed, but another machine (CPU, thread count, BLAS build) ends a short
@@ -29,6 +29,7 @@ sys.path.insert(0, str(TESTS_DIR))
 
 import test_cli  # noqa: E402
 import test_distributed  # noqa: E402
+import test_export  # noqa: E402
 import test_reliability  # noqa: E402
 import test_transformer_memattn  # noqa: E402
 import test_wmt17  # noqa: E402
@@ -164,10 +165,23 @@ def measure_quickstart(run_dir, seed, env):
     return json.loads((run_dir / "score.json").read_text())
 
 
+def measure_export_int8(run_dir, seed, env):
+    """test_export.py's int8 export of its "attention" model against the float32 one."""
+    run("fairseq-train", "--user-dir", PLUGIN_DIR, *test_export.TASK, *with_seed(test_export.TRAIN, seed),
+        *test_export.VARIANTS["attention"], "--save-dir", run_dir, env=env)
+    checkpoint = run_dir / "checkpoint_best.pt"
+    test_export.export(str(checkpoint), str(run_dir / "float32"),
+                       short_source_rows=test_export.short_source_rows("attention"))
+    test_export.export(str(checkpoint), str(run_dir / "int8"), quantize="int8")
+    same, score_difference = test_export.int8_agreement(run_dir / "float32", run_dir / "int8")
+    return {"same": same, "score_difference": round(score_difference, 4)}
+
+
 MEASURES = {"cli": measure_cli, "distributed": measure_distributed,
             "distributed_transformer": measure_distributed_transformer, "reliability": measure_reliability,
             "wmt17": measure_wmt17, "wmt17_transformer": measure_wmt17_transformer,
-            "quickstart": measure_quickstart, "transformer": measure_transformer}
+            "quickstart": measure_quickstart, "transformer": measure_transformer,
+            "export_int8": measure_export_int8}
 
 
 def summary(rows):

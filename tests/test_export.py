@@ -52,6 +52,10 @@ VARIANTS = {
     "lstm-general-read": [*LSTM, "--memory-read", "general", "--memory-position-encoding", "--memory-position-normalize",
                           "mean"],
 }
+# The int8 export of "attention" against its float32 one (int8_agreement), `python tests/measure_trained.py
+# export_int8` over seeds 1-16 with 1 and 2 threads: the same best hypothesis for min 8, median 11.5 of the 12
+# sources; best scores apart by at most 0.086 (median 0.029).
+INT8_SAME, INT8_SCORE_DIFFERENCE = 6, 0.15
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
 SHORT_SOURCE_ROWS = 4
@@ -214,14 +218,20 @@ def test_int8_export_is_close_and_smaller(trained, tmp_path, caplog):
     assert not [r for r in caplog.records if r.name == "root"], caplog.text[:500]  # quantization's chatter
     size = lambda f: os.path.getsize(os.path.join(f, "decoder.onnx"))  # noqa: E731
     assert size(tmp_path) < 0.6 * size(folder)
+    same, score_difference = int8_agreement(folder, tmp_path)
+    # a model of 40 updates is unsure between its hypotheses: int8 may swap close ones
+    assert same >= INT8_SAME, same
+    assert score_difference < INT8_SCORE_DIFFERENCE
+
+
+def int8_agreement(folder, int8_folder):
+    """(of 12 sources, how many get the same best hypothesis from the int8 export as from the float32
+    one; the largest difference between their best scores)."""
     sources = [[4 + (i * 7 + j) % 10 for j in range(i % 8 + 1)] + [2] for i in range(12)]
     full = Translator(str(folder), threads=1).translate_ids(sources, beam=2, max_len_b=10)
-    int8 = Translator(str(tmp_path), threads=1).translate_ids(sources, beam=2, max_len_b=10)
-    # a model of 40 updates is unsure between its hypotheses: int8 may swap close ones
+    int8 = Translator(str(int8_folder), threads=1).translate_ids(sources, beam=2, max_len_b=10)
     same = sum(a[0]["tokens"].tolist() == b[0]["tokens"].tolist() for a, b in zip(full, int8))
-    assert same >= 8, same
-    for a, b in zip(full, int8):
-        assert abs(a[0]["score"] - b[0]["score"]) < 0.2
+    return same, max(abs(float(a[0]["score"] - b[0]["score"])) for a, b in zip(full, int8))
 
 
 def graph_without_export_id(path) -> bytes:
