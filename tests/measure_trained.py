@@ -1,7 +1,7 @@
 """Measure what the tests that assert a trained result reach, over seeds and thread counts.
 
     python tests/measure_trained.py cli transformer distributed distributed_transformer reliability \\
-        wmt17 wmt17_transformer quickstart export_int8 \\
+        wmt17 wmt17_transformer quickstart export export_variants \\
         --seeds 1 2 3 4 5 --threads 1 2 --out /tmp/measure
 
 Each test fixes its seed, but another machine (CPU, thread count, BLAS build) ends a short
@@ -61,25 +61,35 @@ def train_and_copy(test, run_dir, seed, env):
     out = run("fairseq-generate", "--user-dir", PLUGIN_DIR, *test.TASK, "--path", checkpoint,
               "--gen-subset", "test", "--beam", "5", "--batch-size", "32",
               "--required-batch-size-multiple", "1", "--cpu", "--min-len", "0", env=env).stdout
-    return checkpoint, score(*read_generate_output(out.splitlines()))
+    return checkpoint, out, score(*read_generate_output(out.splitlines()))
+
+
+def interactive_copies(test, checkpoint, env, lines, *options):
+    """Whether fairseq-interactive, beam 5, copies each of ``lines``."""
+    out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *test.TASK, "--path", checkpoint,
+              "--beam", "5", "--cpu", *options, stdin="".join(f"{line}\n" for line in lines), env=env).stdout
+    return re.findall(r"^H-\d+\t\S+\t(.*)$", out, re.M) == lines
 
 
 def measure_transformer(run_dir, seed, env):
     """test_transformer_memattn.py: BLEU / accuracy of beam 5 with --min-len 0."""
-    _, result = train_and_copy(test_transformer_memattn, run_dir, seed, env)
-    return {"bleu": result["bleu"], "accuracy": result["accuracy"]}
+    checkpoint, _, result = train_and_copy(test_transformer_memattn, run_dir, seed, env)
+    return {"bleu": result["bleu"], "accuracy": result["accuracy"],
+            "interactive_copies": interactive_copies(test_transformer_memattn, checkpoint, env, ["3 1 4 1 5"])}
 
 
 def measure_cli(run_dir, seed, env):
-    """test_cli.py: BLEU / accuracy of beam 5 with --min-len 0, best valid loss, interactive."""
-    checkpoint, result = train_and_copy(test_cli, run_dir, seed, env)
+    """test_cli.py: BLEU / accuracy of beam 5 with --min-len 0, empty sources decoded empty, best valid
+    loss, interactive."""
+    checkpoint, out, result = train_and_copy(test_cli, run_dir, seed, env)
     # fairseq-validate recomputes exactly this: the best checkpoint's validation loss
     valid_loss = torch.load(checkpoint, weights_only=True)["extra_state"]["best"]
-    out = run("fairseq-interactive", "--user-dir", PLUGIN_DIR, *test_cli.TASK, "--path", checkpoint,
-              "--beam", "5", "--cpu", "--min-len", "0", stdin="3 1 4 1 5\n\n", env=env).stdout
-    copies = re.findall(r"^H-\d+\t\S+\t(.*)$", out, re.M) == ["3 1 4 1 5", ""]
+    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M))
+    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, re.M))
+    empty = [i for i, source in sources.items() if source == ""]
     return {"bleu": result["bleu"], "accuracy": result["accuracy"], "valid_loss": valid_loss,
-            "interactive_copies": copies}
+            "empty_sources_decoded_empty": all(hypotheses[i] == "" for i in empty),
+            "interactive_copies": interactive_copies(test_cli, checkpoint, env, ["3 1 4 1 5", ""], "--min-len", "0")}
 
 
 def measure_distributed(run_dir, seed, env, train=test_distributed.TRAIN):
@@ -165,23 +175,41 @@ def measure_quickstart(run_dir, seed, env):
     return json.loads((run_dir / "score.json").read_text())
 
 
-def measure_export_int8(run_dir, seed, env):
-    """test_export.py's int8 export of its "attention" model against the float32 one."""
-    run("fairseq-train", "--user-dir", PLUGIN_DIR, *test_export.TASK, *with_seed(test_export.TRAIN, seed),
-        *test_export.VARIANTS["attention"], "--save-dir", run_dir, env=env)
-    checkpoint = run_dir / "checkpoint_best.pt"
+def train_export_variant(run_dir, seed, env, variant):
+    """test_export.py's training of one of its VARIANTS with this seed, in this environment."""
+    os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]  # test_export's commands run in os.environ
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return test_export.train(run_dir, [*test_export.VARIANTS[variant], "--seed", str(seed)])  # flags win
+
+
+def measure_export(run_dir, seed, env):
+    """test_export.py's "attention" model: the int8 export against the float32 one, <unk> under
+    --unkpen."""
+    checkpoint = train_export_variant(run_dir, seed, env, "attention")
     test_export.export(str(checkpoint), str(run_dir / "float32"),
                        short_source_rows=test_export.short_source_rows("attention"))
     test_export.export(str(checkpoint), str(run_dir / "int8"), quantize="int8")
     same, score_difference = test_export.int8_agreement(run_dir / "float32", run_dir / "int8")
-    return {"same": same, "score_difference": round(score_difference, 4)}
+    _, out = test_export.generate(checkpoint, *test_export.UNK_SEARCH)
+    return {"int8_same": same, "int8_score_difference": round(score_difference, 4),
+            "unk_in_hypotheses": bool(test_export.UNK_HYPOTHESIS.search(out))}
+
+
+def measure_export_variants(run_dir, seed, env):
+    """test_translator_equals_fairseq_generate: the distinct hypothesis lengths of each variant."""
+    lengths = {}
+    for variant in test_export.VARIANTS:
+        checkpoint = train_export_variant(run_dir / variant, seed, env, variant)
+        expected, _ = test_export.generate(checkpoint, *test_export.SEARCH, "--batch-size", "8")
+        lengths[variant] = len(test_export.hypothesis_lengths(expected))
+    return lengths
 
 
 MEASURES = {"cli": measure_cli, "distributed": measure_distributed,
             "distributed_transformer": measure_distributed_transformer, "reliability": measure_reliability,
             "wmt17": measure_wmt17, "wmt17_transformer": measure_wmt17_transformer,
             "quickstart": measure_quickstart, "transformer": measure_transformer,
-            "export_int8": measure_export_int8}
+            "export": measure_export, "export_variants": measure_export_variants}
 
 
 def summary(rows):

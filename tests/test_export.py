@@ -53,7 +53,7 @@ VARIANTS = {
                           "mean"],
 }
 # The int8 export of "attention" against its float32 one (int8_agreement), `python tests/measure_trained.py
-# export_int8` over seeds 1-16 with 1 and 2 threads: the same best hypothesis for min 8, median 11.5 of the 12
+# export` over seeds 1-16 with 1 and 2 threads: the same best hypothesis for min 8, median 11.5 of the 12
 # sources; best scores apart by at most 0.086 (median 0.029).
 INT8_SAME, INT8_SCORE_DIFFERENCE = 6, 0.15
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
@@ -61,6 +61,9 @@ INT8_SAME, INT8_SCORE_DIFFERENCE = 6, 0.15
 SHORT_SOURCE_ROWS = 4
 SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "--max-len-a", "0",
           "--max-len-b", "11"]
+# A negative --unkpen makes <unk> likely enough to appear in some hypothesis.
+UNK_SEARCH = [*SEARCH, "--unkpen=-2", "--batch-size", "8"]
+UNK_HYPOTHESIS = re.compile(r"^H-\d+\t\S+\t.*<unk>", re.M)
 
 
 def train(folder, flags):
@@ -104,6 +107,11 @@ def generate(checkpoint, *options):
     return {i: (sources[i], hypotheses[i]) for i in sources}, out
 
 
+def hypothesis_lengths(expected):
+    """The lengths of the hypotheses in :func:`generate`'s output."""
+    return {len(h[1].split()) for _, hyps in expected.values() for h in hyps}
+
+
 def assert_same_as_generate(translator, expected, **options):
     ids = sorted(expected)
     sources = [translator.src_dict.encode(expected[i][0]) for i in ids]
@@ -126,8 +134,7 @@ def test_translator_equals_fairseq_generate(trained, variant):
     translator = Translator(str(folder), threads=1)
     assert_same_as_generate(translator, expected, beam=4, lenpen=0.6, min_len=2, max_len_a=0, max_len_b=11,
                             batch_size=8)
-    lengths = {len(h[1].split()) for _, hyps in expected.values() for h in hyps}
-    assert len(lengths) >= 2  # sentences finished at different steps
+    assert len(hypothesis_lengths(expected)) >= 2  # sentences finished at different steps
     if short_source_rows(variant):  # sources with |S| memory rows and with K
         source_lens = [len(translator.src_dict.encode(source)) for source, _ in expected.values()]
         assert min(source_lens) < SHORT_SOURCE_ROWS <= max(source_lens)
@@ -158,8 +165,8 @@ def test_max_len_a_and_unnormalized_scores(trained):
 def test_unknown_word_penalty(trained):
     """A negative --unkpen makes <unk> likely enough to appear in fairseq-generate's hypotheses."""
     checkpoint, folder = trained("attention")
-    expected, out = generate(checkpoint, *SEARCH, "--unkpen=-2", "--batch-size", "8")
-    assert re.search(r"^H-\d+\t\S+\t.*<unk>", out, re.M), "no <unk> in fairseq-generate's hypotheses"
+    expected, out = generate(checkpoint, *UNK_SEARCH)
+    assert UNK_HYPOTHESIS.search(out), "no <unk> in fairseq-generate's hypotheses"
     assert_same_as_generate(Translator(str(folder), threads=1), expected, beam=4, lenpen=0.6, min_len=2,
                             max_len_a=0, max_len_b=11, unk_penalty=-2, batch_size=8)
 
@@ -423,16 +430,21 @@ def test_translator_reports_bad_folder_and_options(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_source_does_not_depend_on_its_batch(trained):
+def test_a_source_does_not_depend_on_its_batch(trained, monkeypatch):
     """Each source's maximum length counts its own tokens, not the batch's padded width."""
     _, folder = trained("attention")
     translator = Translator(str(folder), threads=1)
+    max_lens, batch_max_lens = [], translator.batch_max_lens
+    monkeypatch.setattr(translator, "batch_max_lens",
+                        lambda *args: max_lens.append(batch_max_lens(*args).tolist()) or np.array(max_lens[-1]))
     source = translator.src_dict.encode("3 1 4 1 5 9 2 6 5")
     longer = translator.src_dict.encode("3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 2")
-    options = dict(beam=3, max_len_a=1, max_len_b=2)
+    # 1 x |source| + 2 tokens; EOS forbidden before that length, forced at it
+    options = dict(beam=3, max_len_a=1, max_len_b=2, min_len=len(source) + 2)
     alone = translator.translate_ids([source], **options)[0]
     beside = translator.translate_ids([source, longer], **options)[0]
-    assert {len(h["tokens"]) for h in alone} == {len(source) + 2 + 1}  # ended by its maximum length, EOS included
+    assert max_lens == [[len(source) + 2], [len(source) + 2, len(longer) + 2]]
+    assert {len(h["tokens"]) for h in alone} == {len(source) + 2 + 1}  # EOS included
     assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in beside]
     assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in beside], abs=1e-5)
 
