@@ -14,7 +14,7 @@ import pytest
 from conftest import clean_env
 from test_bible_cli import prepared_data
 
-from recipes.bible import converge
+from recipes.bible import converge, converge_settings, converged_table
 from recipes.train_log import read_train_log
 
 SCRIPT = ["-m", "recipes.bible.converge"]
@@ -64,7 +64,7 @@ def test_run_then_report(driver_run):
     assert "converged/command.txt" in names  # the driver's own command line, for the report
     # The transformer converted and fine-tuned beside itself continued, each decoded on test.
     assert {"converged/convert/source.json", "converged/convert/converted_0/hyp.test.fr"} <= names
-    for run in converge.CONVERT_RUNS:
+    for run in converge_settings.CONVERT_RUNS:
         assert sum(re.fullmatch(rf"converged/convert/{run}_[1-9]\d*/hyp\.test\.fr", n) is not None for n in names) == 2
 
     table = (results / "table.md").read_text()
@@ -81,7 +81,7 @@ def test_run_then_report(driver_run):
     assert_length_rows(table, converge.PAIR_MODELS)
     bundle, out = driver_run["bundle"], driver_run["archive"].parent
     assert f"python -m recipes.bible.converge run --bundle {bundle} --out {out}" in table
-    for baseline in converge.PAIRS:
+    for baseline in converge_settings.PAIRS:
         assert (results / f"curves_{baseline}.png").stat().st_size > 0
     conversion = table[table.index("## The converged transformer converted"):]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in conversion.splitlines()
@@ -145,8 +145,8 @@ def scored(valid_best, valid_average):
 def test_averaged_checkpoint_only_where_it_helps_both_models_of_a_pair():
     both = {"transformer": scored(10, 11), "transformer_memattn": scored(9, 9.5)}
     one = {"transformer": scored(10, 11), "transformer_memattn": scored(9, 8.5)}
-    assert converge.chosen_checkpoint(both, "transformer", "transformer_memattn") == "average"
-    assert converge.chosen_checkpoint(one, "transformer", "transformer_memattn") == "best"
+    assert converged_table.chosen_checkpoint(both, "transformer", "transformer_memattn") == "average"
+    assert converged_table.chosen_checkpoint(one, "transformer", "transformer_memattn") == "best"
 
 
 def test_a_run_that_aborts_after_done_training_counts_as_trained(tmp_path):
@@ -252,7 +252,7 @@ def test_outputs_of_an_earlier_best_checkpoint_are_decoded_again(tmp_path, monke
     saved = {"updates": 100}
     monkeypatch.setattr(converge_cpu.convert_run, "saved_updates", lambda path: saved["updates"])
     assert converge_cpu.decoded(args, "lstm_att")  # decoded before the update was kept: taken as current
-    (folder / "best" / converge.BEST_RECORD).write_text(json.dumps({"updates": 100}))
+    (folder / "best" / converged_table.BEST_RECORD).write_text(json.dumps({"updates": 100}))
     assert converge_cpu.decoded(args, "lstm_att")
     saved["updates"] = 140
     assert not converge_cpu.decoded(args, "lstm_att")
@@ -263,11 +263,11 @@ def test_outputs_of_an_earlier_best_checkpoint_are_decoded_again(tmp_path, monke
     converge_cpu.decode(args, "lstm_att")
     assert decoded == [[]]  # the earlier best checkpoint's outputs gone before decoding
     (folder / "best").mkdir()
-    (folder / "best" / converge.BEST_RECORD).write_text(json.dumps({"updates": 140}))
+    (folder / "best" / converged_table.BEST_RECORD).write_text(json.dumps({"updates": 140}))
     (folder / "train.log").write_text("".join(
         f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss {loss} | nll_loss 1 "
         f"| num_updates {20 * e}\n" for e, loss in ((6, 3.2), (7, 3.2), (8, 3.3))))
-    assert converge.read_run(str(folder), {})["log"]["best_update"] == 140  # the log's first tie: 120
+    assert converged_table.read_run(str(folder), {})["log"]["best_update"] == 140  # the log's first tie: 120
 
 
 def test_a_model_that_stops_first_is_decoded_while_the_others_train(tmp_path, monkeypatch):
@@ -435,7 +435,7 @@ def test_cpu_lstm_run_decodes_and_diagnoses_the_three_lstms_and_converts_nothing
     variant = [line for line in section.splitlines() if line.startswith("| lstm_memattn_position_mean |")]
     assert len(variant) == 2 and variant[1].split("|")[2].strip() == "--memory-position-normalize mean"
     assert all(0 <= float(cell) <= 1 for cell in variant[1].strip("|").split("|")[5:9])
-    assert (results / "cpu" / "lstm_memattn" / f"attention_valid{converge.PLOTTED_EXAMPLE}.png").exists()
+    assert (results / "cpu" / "lstm_memattn" / f"attention_valid{converge_settings.PLOTTED_EXAMPLE}.png").exists()
     assert "converted" not in table and not (tmp_path / "work" / "convert").exists()
     assert (results / "curves_lstm_cpu.png").stat().st_size > 0
 
@@ -503,7 +503,7 @@ def test_lstm_variants_are_trained_decoded_on_validation_and_diagnosed(driver_ru
     assert "converged/lstm_memattn_no_position/best/hyp.valid.fr" in names
     assert not any(n.startswith("converged/lstm_memattn_no_position/") and "test" in n for n in names)  # valid only
     for model in ("lstm_att", "lstm_memattn", "lstm_memattn_no_position"):
-        assert f"converged/{model}/attention_valid{converge.PLOTTED_EXAMPLE}.png" in names
+        assert f"converged/{model}/attention_valid{converge_settings.PLOTTED_EXAMPLE}.png" in names
     section = (results / "table.md").read_text().split("## The LSTM gap, on validation")[1]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in section.splitlines() if line.startswith("| lstm")}
@@ -559,7 +559,7 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
 
     runs = {"lstm_att": run(10.0, 5.0, 6.0), "lstm_memattn": run(8.0, 5.0, 4.0),
             "lstm_memattn_position_mean": run(9.5, 5.0, 6.0)}
-    rows, _ = converge.pair_rows(runs, "CPU")
+    rows, _ = converged_table.pair_rows(runs, "CPU")
     assert [row.split(" | ")[0] for row in rows] == ["| lstm_att", "| lstm_memattn", "| lstm_memattn_position_mean"]
     # lstm_memattn: the average is worse on validation for it, so the best: 8.00 - 10.00;
     # the variant: the average better for both, so the average: 10.50 - 11.00
@@ -567,7 +567,7 @@ def test_the_table_has_a_row_for_each_variant_trained_beside_its_pair():
     # a run before its first validation (or waiting for a core): no loss yet, not the log reader's nan
     runs["lstm_memattn"] = {"log": {"stopped": "no epoch", "updates": 0, "epochs": 0, "best_valid_loss": float("nan"),
                                     "best_update": 0, "curve": []}, "checkpoints": {}}
-    assert converge.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | no epoch yet | 0 | 0 |  |  |  |  |  |  |  |  |"
+    assert converged_table.pair_rows(runs, "CPU")[0][1] == "| lstm_memattn | CPU | no epoch yet | 0 | 0 |  |  |  |  |  |  |  |  |"
 
 
 def test_the_table_names_the_driver_of_each_model_it_shows():

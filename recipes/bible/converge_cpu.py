@@ -36,7 +36,7 @@ from argparse import Namespace
 
 from fairseq_memattn.arg_types import positive_int, positive_number
 from fairseq_memattn.staging import replace_atomically
-from recipes.bible import compare, converge, lstm_gap
+from recipes.bible import compare, converge, converge_settings, converged_table, lstm_gap
 from recipes.bible.options import prepared
 from recipes.cli import output_dir, refuse_duplicates
 from recipes.convert import run as convert_run
@@ -160,7 +160,7 @@ def train(args, model, lock, on_round):
             return True
         # No stop can come before patience - waited more epochs: one fairseq-train runs them all.
         epochs = min(len(curve) + args.patience - epochs_since_best(curve), args.max_epoch)
-        options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge.AVERAGE_LAST),
+        options = [*CPU_SIZES[args.pair], "--cpu", "--keep-last-epochs", str(converge_settings.AVERAGE_LAST),
                    "--max-epoch", str(epochs), *args.train_args]
         command = converge.train_command(model, os.path.join(args.data, "data-bin"), checkpoint_dir(args, model),
                                          args.seed, options)
@@ -187,7 +187,7 @@ def decoded(args, model):
     parts = ("best/hyp.valid.fr", "average/hyp.test.fr" if converge.tested(model) else "average/hyp.valid.fr")
     if not all(os.path.isfile(os.path.join(folder, part)) for part in parts):
         return False
-    updates, best = converge.decoded_best(folder), best_checkpoint(args, model)
+    updates, best = converged_table.decoded_best(folder), best_checkpoint(args, model)
     # None: decoded before the update was kept
     return updates is None or not os.path.isfile(best) or updates == convert_run.saved_updates(best)
 
@@ -204,9 +204,9 @@ def decode(args, model):
         shutil.rmtree(os.path.join(stage, model, part), ignore_errors=True)
     settings = decoding_settings(args)
     converge.decode(settings, stage, args.work, model)
-    if model in converge.LSTM_MODELS:
+    if model in converge_settings.LSTM_MODELS:
         converge.diagnose(settings, stage, args.work, model)
-    converge.compress_outputs(os.path.join(stage, model))
+    converged_table.compress_outputs(os.path.join(stage, model))
 
 
 def decode_test_alone(args, model):
@@ -217,7 +217,7 @@ def decode_test_alone(args, model):
             or not os.path.isfile(best_checkpoint(args, model))):
         return
     converge.evaluate(decoding_settings(args), best_checkpoint(args, model), "test", folder)
-    converge.compress_outputs(folder)
+    converged_table.compress_outputs(folder)
 
 
 def train_and_decode(args, model, lock, on_round):
@@ -279,15 +279,15 @@ def conversion_rows(args):
 def reported_models(args):
     """Every model of the pair (and, for the LSTMs, every variant) whose log is under --out, whichever
     run trained it: a --models run beside the pair's adds its rows to the pair's table."""
-    candidates = [*PAIRS[args.pair], *(converge.LSTM_MODELS if args.pair == "lstm" else ())]
+    candidates = [*PAIRS[args.pair], *(converge_settings.LSTM_MODELS if args.pair == "lstm" else ())]
     return [m for m in dict.fromkeys(candidates) if os.path.isfile(log_path(args, m))]
 
 
 def runs_so_far(args, references):
-    """converge.read_run of each model with a log, stopped by patience or still running."""
+    """converged_table.read_run of each model with a log, stopped by patience or still running."""
     runs = {}
     for model in reported_models(args):
-        runs[model] = converge.read_run(os.path.dirname(log_path(args, model)), references)
+        runs[model] = converged_table.read_run(os.path.dirname(log_path(args, model)), references)
         curve = runs[model]["log"]["curve"]
         # with --jobs, one that has no epoch may be waiting for a free core
         runs[model]["log"]["stopped"] = "no epoch" if not curve else stop_reason(curve, args) or "running"
@@ -295,7 +295,7 @@ def runs_so_far(args, references):
 
 
 def write_results(args, conversion_rows=()):
-    references = converge.read_references(args.data)
+    references = converged_table.read_references(args.data)
     runs = runs_so_far(args, references)
     baseline, memory = PAIRS[args.pair][:2]
     # Each driver rewrites the table and the curves every round (a second one trains --models beside
@@ -303,7 +303,7 @@ def write_results(args, conversion_rows=()):
     replace_atomically(os.path.join(args.out, f"curves_{args.pair}_cpu.png"),
                        lambda path: plot_curves(path, f"Bible en-fr, CPU: {memory} against {baseline}",
                                                 {m: run["log"]["curve"] for m, run in runs.items()}))
-    rows, signatures = converge.pair_rows(runs, "CPU")
+    rows, signatures = converged_table.pair_rows(runs, "CPU")
     # A median over the epochs: a run paused (SIGSTOP) while other work is timed would count its pause.
     minutes = {m: statistics.median(run["log"]["epoch_seconds"]) / 60 for m, run in runs.items()
                if run["log"]["epoch_seconds"]}
@@ -311,19 +311,19 @@ def write_results(args, conversion_rows=()):
     lines = [f"# Bible en-fr at convergence: {models} against {baseline}", "",
              "Trained side by side on a 2-core CPU, one thread each, from the same seed and data, each until "
              f"{args.patience} epochs without a better validation loss: {SETTINGS[args.pair]}. Test split "
-             f"(Romans), beam 5, sacreBLEU on detokenised text. {converge.CHOSEN_CHECKPOINT} ms / token: the test "
-             "split decoded "
+             f"(Romans), beam 5, sacreBLEU on detokenised text. {converged_table.CHOSEN_CHECKPOINT} ms / token: "
+             "the test split decoded "
              "with one thread, fairseq-generate's timer, per output token. Minutes per epoch (median, side by side): "
              + ", ".join(f"{m} {v:.1f}" for m, v in minutes.items()) + "."
              + (f" Options added: `{shlex.join(args.train_args)}`." if args.train_args else ""),
              "", "```bash", *driver_commands(args.pair, list(runs)), "```", "",
-             *converge.TABLE_HEADER, *rows, "",
+             *converged_table.TABLE_HEADER, *rows, "",
              "Signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures)), "",
              f"Validation curves: [curves_{args.pair}_cpu.png](curves_{args.pair}_cpu.png); each run's log, "
              "command lines and hypotheses in [cpu/](cpu/).", ""]
-    lines += converge.length_section(stage_dir(args), runs, args.data, references["test"])
-    lines += converge.lstm_gap_section(stage_dir(args), runs, args.data, references["valid"])
-    lines += converge.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
+    lines += converged_table.length_section(stage_dir(args), runs, args.data, references["test"])
+    lines += converged_table.lstm_gap_section(stage_dir(args), runs, args.data, references["valid"])
+    lines += converged_table.conversion_section(conversion_rows, args.convert_fractions, "by fairseq-validate")
     replace_atomically(os.path.join(args.out, "table.md"),
                        lambda path: pathlib.Path(path).write_text("\n".join(lines), encoding="utf-8"))
 
@@ -350,29 +350,30 @@ def main(argv=None):
                         + " (default transformer)")
     p.add_argument("--models", nargs="+", metavar="MODEL",
                    help="train (and report) these of the pair's models and variants (default: the pair's; "
-                        "--pair lstm also takes " + ", ".join(m for m in converge.LSTM_MODELS if m not in PAIRS["lstm"])
-                        + ")")
+                        "--pair lstm also takes "
+                        + ", ".join(m for m in converge_settings.LSTM_MODELS if m not in PAIRS["lstm"]) + ")")
     p.add_argument("--work", type=output_dir,
                    help="checkpoints (default checkpoints/bible/converged, converged_lstm for --pair lstm)")
     p.add_argument("--out", type=output_dir,
                    help="logs, hypotheses, table and curves (default results/bible/converged, its cpu_lstm/ for "
                         "--pair lstm)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--patience", type=positive_int, default=converge.PATIENCE,
-                   help=f"epochs without a better validation loss that end a run (default {converge.PATIENCE})")
+    p.add_argument("--patience", type=positive_int, default=converge_settings.PATIENCE,
+                   help="epochs without a better validation loss that end a run "
+                        f"(default {converge_settings.PATIENCE})")
     p.add_argument("--train-args", type=shlex.split, default=[],
                    help="more fairseq-train options, one string (they override the recipe's)")
     p.add_argument("--max-epoch", type=positive_int, default=sys.maxsize, help="a cap on epochs (default none)")
-    p.add_argument("--convert-fractions", type=positive_number, nargs="+", default=converge.CONVERT_FRACTIONS,
+    p.add_argument("--convert-fractions", type=positive_number, nargs="+", default=converge_settings.CONVERT_FRACTIONS,
                    help="--pair transformer: fine-tune the converted transformer for these fractions of its updates "
-                        f"(default {' '.join(map(str, converge.CONVERT_FRACTIONS))})")
+                        f"(default {' '.join(map(str, converge_settings.CONVERT_FRACTIONS))})")
     p.add_argument("--jobs", type=positive_int,
                    help="models trained at once, one thread each (default: all of them); those furthest along "
                         "start first, the next as one stops (--pair lstm --jobs 2: a core each on two cores)")
     p.add_argument("--report", action="store_true",
                    help="only write the table and curves from the logs so far (also while a run goes on)")
     args = p.parse_args(argv)
-    allowed = converge.LSTM_MODELS if args.pair == "lstm" else PAIRS[args.pair]
+    allowed = converge_settings.LSTM_MODELS if args.pair == "lstm" else PAIRS[args.pair]
     unknown = [m for m in args.models or () if m not in allowed]
     if unknown:
         p.error(f"argument --models: invalid choice for --pair {args.pair}: {', '.join(map(repr, unknown))} "
