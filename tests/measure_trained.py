@@ -192,7 +192,7 @@ def measure_export(run_dir, seed, env):
     same, score_difference = test_export.int8_agreement(run_dir / "float32", run_dir / "int8")
     _, out = test_export.generate(checkpoint, *test_export.UNK_SEARCH)
     return {"int8_same": same, "int8_score_difference": round(score_difference, 4),
-            "unk_in_hypotheses": bool(test_export.UNK_HYPOTHESIS.search(out))}
+            "unk_hypotheses": len(test_export.UNK_HYPOTHESIS.findall(out))}
 
 
 def measure_export_variants(run_dir, seed, env):

@@ -132,7 +132,7 @@ def lstm_gap_section(folder, runs, data, references):
     outputs = {m: lstm_gap.read_lines(os.path.join(folder, m, "best", "hyp.valid.fr")) for m in trained}
     lines = ["## The LSTM gap, on validation", "",
              "lstm_att and lstm_memattn beside variants with the options in the column changed (`VARIANTS` in "
-             "recipes/bible/converge.py), all trained at once to the same stopping rule; the best checkpoint "
+             "recipes/bible/converge_settings.py), all trained at once to the same stopping rule; the best checkpoint "
              "decoded on the validation split (beam 5). Repetition and BLEU by source length "
              "(`recipes.bible.lstm_gap`):", "", lstm_gap.table(outputs, references, lstm_gap.source_lengths(data, "valid")), "",
              "How each stopped, and how its memory is read (teacher-forced on the first 200 validation "
