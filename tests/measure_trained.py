@@ -1,7 +1,7 @@
 """Measure what the tests that assert a trained result reach, over seeds and thread counts.
 
     python tests/measure_trained.py cli transformer distributed distributed_transformer reliability \\
-        wmt17 wmt17_transformer quickstart export export_variants \\
+        wmt17 wmt17_transformer quickstart export export_variants hub \\
         --seeds 1 2 3 4 5 --threads 1 2 --out /tmp/measure
 
 Each test fixes its seed, but another machine (CPU, thread count, BLAS build) ends a short
@@ -30,6 +30,7 @@ sys.path.insert(0, str(TESTS_DIR))
 import test_cli  # noqa: E402
 import test_distributed  # noqa: E402
 import test_export  # noqa: E402
+import test_hub  # noqa: E402
 import test_reliability  # noqa: E402
 import test_transformer_memattn  # noqa: E402
 import test_wmt17  # noqa: E402
@@ -166,6 +167,19 @@ def measure_wmt17_transformer(run_dir, seed, env):
     return {"bleu": json.loads(done["evaluated"].stdout.strip().splitlines()[-1])["bleu"]}
 
 
+def measure_hub(run_dir, seed, env):
+    """test_hub.py's LSTM (conftest.own_pair_recipe: the toy en-fr recipe): non-empty translations,
+    and the source positions the hard alignment of SENTENCES[2] uses."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    wmt17_toy.prepare_train_evaluate(run_dir, "en-fr", with_seed(wmt17_toy.TINY_MODEL, seed),
+                                     threads=env["OMP_NUM_THREADS"])
+    model = test_hub.from_pretrained(test_hub.MemAttnLSTMModel, run_dir, wmt17_toy.CONFIG)
+    translations = model.translate(test_hub.SENTENCES, beam=10)
+    best = model.generate(model.encode(test_hub.SENTENCES[2]), beam=10, print_alignment="hard")[0]
+    return {"translations_non_empty": all(t and "▁" not in t for t in translations),
+            "aligned_source_positions": len(set(s for s, _ in best["alignment"]))}
+
+
 def measure_quickstart(run_dir, seed, env):
     """recipes/copy/quickstart.sh without its setup step: test BLEU / accuracy."""
     subprocess.run(["bash", os.path.join(REPO, "recipes", "copy", "quickstart.sh"), "--seed", str(seed)],
@@ -209,7 +223,7 @@ MEASURES = {"cli": measure_cli, "distributed": measure_distributed,
             "distributed_transformer": measure_distributed_transformer, "reliability": measure_reliability,
             "wmt17": measure_wmt17, "wmt17_transformer": measure_wmt17_transformer,
             "quickstart": measure_quickstart, "transformer": measure_transformer,
-            "export": measure_export, "export_variants": measure_export_variants}
+            "export": measure_export, "hub": measure_hub, "export_variants": measure_export_variants}
 
 
 def summary(rows):

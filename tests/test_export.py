@@ -21,6 +21,7 @@ from conftest import run_fairseq as run
 pytest.importorskip("onnx", reason="the export needs the optional extra 'deploy' (onnx)")
 pytest.importorskip("onnxruntime", reason="the translator needs the optional extra 'deploy' (onnxruntime)")
 
+from fairseq.data import Dictionary  # noqa: E402
 from fairseq_memattn.deploy import SourceError, SourceTooLong, Translator, batches_by_tokens  # noqa: E402
 from fairseq_memattn.deploy.batching import spread  # noqa: E402
 from fairseq_memattn.export import ExportError, export  # noqa: E402
@@ -56,6 +57,9 @@ VARIANTS = {
 # export` over seeds 1-16 with 1 and 2 threads: the same best hypothesis for min 8, median 11.5 of the 12
 # sources; best scores apart by at most 0.086 (median 0.029).
 INT8_SAME, INT8_SCORE_DIFFERENCE = 6, 0.15
+# A transformer_memattn of 40 updates gives hypotheses of 4-11 lengths (`python tests/measure_trained.py
+# export_variants`, seeds 1-5 x 1 and 2 threads); an LSTM, 1-10.
+TRANSFORMER_VARIANTS = [variant for variant, flags in VARIANTS.items() if "transformer_memattn" in flags]
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
 # or two symbols), K rows for the others: both layouts, and batches that mix them, in every test.
 SHORT_SOURCE_ROWS = 4
@@ -74,7 +78,7 @@ def train(folder, flags):
 
 
 def short_source_rows(name):
-    return SHORT_SOURCE_ROWS if "transformer_memattn" in VARIANTS[name] else None
+    return SHORT_SOURCE_ROWS if name in TRANSFORMER_VARIANTS else None
 
 
 def train_and_export(folder, name):
@@ -136,10 +140,31 @@ def test_translator_equals_fairseq_generate(trained, variant):
     translator = Translator(str(folder), threads=1)
     assert_same_as_generate(translator, expected, beam=4, lenpen=0.6, min_len=2, max_len_a=0, max_len_b=11,
                             batch_size=8)
-    assert len(hypothesis_lengths(expected)) >= 2  # sentences finished at different steps
+    if variant in TRANSFORMER_VARIANTS:  # sentences finished at different steps (the LSTMs: below)
+        assert len(hypothesis_lengths(expected)) >= 2
     if short_source_rows(variant):  # sources with |S| memory rows and with K
         source_lens = [len(translator.src_dict.encode(source)) for source, _ in expected.values()]
         assert min(source_lens) < SHORT_SOURCE_ROWS <= max(source_lens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [variant for variant in VARIANTS if variant not in TRANSFORMER_VARIANTS])
+def test_lstm_sentences_leave_the_batch_at_their_own_maximum_length(trained, variant, tmp_path):
+    """An LSTM of 40 updates may end every hypothesis at once. With EOS made unlikely (its output bias
+    lowered by 30) each hypothesis runs to its source's own maximum length, 1 x |source| + 1, so that
+    sources leave the translator's batch at different steps; fairseq-generate decodes one source a
+    batch, its maximum length counting the batch's width."""
+    state = torch.load(trained(variant)[0], weights_only=True)
+    state["model"]["decoder.output_projection.bias"][Dictionary().eos()] -= 30
+    checkpoint = tmp_path / "late_eos.pt"
+    torch.save(state, checkpoint)
+    export(str(checkpoint), str(tmp_path / "onnx"))
+    # the best hypothesis only: the late EOS leaves some models' other hypotheses within rounding of each other
+    expected, _ = generate(checkpoint, "--beam", "4", "--max-len-a", "1", "--max-len-b", "1", "--batch-size", "1")
+    assert_same_as_generate(Translator(str(tmp_path / "onnx"), threads=1), expected, beam=4, max_len_a=1,
+                            max_len_b=1, batch_size=8)
+    source_lengths = {len(source.split()) for source, _ in expected.values()}
+    assert hypothesis_lengths(expected) == {n + 1 + 1 for n in source_lengths}  # EOS in the source, not here
 
 
 @pytest.mark.slow
