@@ -481,9 +481,19 @@ def test_a_source_does_not_depend_on_its_batch(trained, monkeypatch):
 def test_short_and_long_sources_decode_in_one_batch_as_each_alone(trained, variant, monkeypatch):
     """Sources shorter than short_source_rows (|S| memory rows) and longer ones (K rows), interleaved:
     one decoder run for the batch, every source's hypotheses as alone, sentences leaving the batch
-    from both sets at different steps (each source's maximum length its own)."""
+    from both sets at different steps. A model of 40 updates may end them all at once, so EOS is made
+    unlikely (its log-probability lowered by 30) until each source's own maximum length."""
+    from fairseq_memattn.deploy import search as search_module
     from fairseq_memattn.deploy import translator as translator_module
 
+    edit_table = search_module.edit_table
+
+    def late_eos(vocab, eos, *args):
+        edits = edit_table(vocab, eos, *args)
+        edits[0, eos] -= 30  # row 0: the steps between --min-len and the maximum length
+        return edits
+
+    monkeypatch.setattr(search_module, "edit_table", late_eos)
     translator = Translator(str(trained(variant)[1]), threads=1)
     sources = [translator.src_dict.encode(text) for text in ("3 1 4 1 5 9 2", "7", "2 6 5 3 5 8 9 7", "9 3", "8")]
     assert [len(s) < SHORT_SOURCE_ROWS for s in sources] == [False, True, False, True, True]
@@ -497,7 +507,8 @@ def test_short_and_long_sources_decode_in_one_batch_as_each_alone(trained, varia
     monkeypatch.setattr(translator_module, "DecoderRun", counted)
     together = translator.translate_ids(sources, **options)
     assert len(runs) == 1
-    assert len({len(hypotheses[0]["tokens"]) for hypotheses in together}) >= 3  # finished at different steps
+    # 1 x |source| + 1 tokens, and EOS
+    assert [len(hypotheses[0]["tokens"]) for hypotheses in together] == [len(source) + 2 for source in sources]
     for source, hypotheses in zip(sources, together):
         alone = translator.translate_ids([source], **options)[0]
         assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in hypotheses], source
