@@ -111,25 +111,28 @@ def registered_model(model_cfg):
 NO_LANGUAGE_PAIR = "Could not infer language pair, please provide it explicitly"
 
 
-def task_setup_error(error: BaseException) -> bool:
-    """Whether fairseq's task setup failed on its data folder: moved, empty (an AssertionError), or
-    without the fairseq-preprocess output that tells the language pair (a bare Exception)."""
-    return isinstance(error, (OSError, ValueError, AssertionError)) or str(error) == NO_LANGUAGE_PAIR
-
-
 def no_language_pair(data: str, fix: str) -> str:
     """fairseq's NO_LANGUAGE_PAIR said with the folder it looked in and the fix."""
     return f"{data} has no fairseq-preprocess output (train.SRC-TGT.SRC.idx) to tell the language pair from; {fix}"
 
 
-def task_setup_failed(path: str, data: str, error: BaseException) -> str:
-    """What to say when a checkpoint's task cannot be set up on the data folder `data`: usually its
-    dictionaries' folder has moved since training."""
-    if str(error) == NO_LANGUAGE_PAIR:
-        return f"cannot set up the task of {path}: " + no_language_pair(
-            data, "pass --data DIR, the data-bin folder it was trained on")
-    return (f"cannot set up the task of {path} on {data!r} ({type(error).__name__}: {error}); "
-            f"pass --data DIR, the folder with its dictionaries")
+def setup_task(task_cfg, path: str):
+    """fairseq's task of the checkpoint ``path`` on its data folder (``task_cfg.data``), or a
+    CheckpointError for a folder it cannot use: usually moved since training (an OSError or
+    ValueError), or without the fairseq-preprocess output that tells the language pair (fairseq
+    raises a bare Exception for that one)."""
+    from fairseq import tasks
+
+    try:
+        return tasks.setup_task(task_cfg, from_checkpoint=True)
+    except Exception as error:
+        if str(error) == NO_LANGUAGE_PAIR:
+            raise CheckpointError(f"cannot set up the task of {path}: " + no_language_pair(
+                task_cfg.data, "pass --data DIR, the data-bin folder it was trained on")) from None
+        if not isinstance(error, (OSError, ValueError)):
+            raise
+        raise CheckpointError(f"cannot set up the task of {path} on {task_cfg.data} ({type(error).__name__}: "
+                              f"{error}); pass --data DIR, the folder with its dictionaries") from None
 
 
 _REFUSED = "Weights only load failed"

@@ -25,8 +25,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .checkpoint_fit import transformer_shape_options
-from .checkpoint_safety import (CheckpointError, architecture, read_checkpoint, registered_model, task_setup_error,
-                                task_setup_failed)
+from .checkpoint_safety import CheckpointError, architecture, read_checkpoint, registered_model, setup_task
 from .errors import UserError
 from .staging import replace_atomically, staging_beside
 # WRITE_PREFIX: the only parameters the source lacks
@@ -108,17 +107,6 @@ def as_namespace(model_cfg) -> argparse.Namespace:
     from omegaconf import OmegaConf
 
     return argparse.Namespace(**OmegaConf.to_container(model_cfg, resolve=True))
-
-
-def setup_task(cfg, path: str):
-    from fairseq import tasks
-
-    try:
-        return tasks.setup_task(cfg.task)
-    except Exception as error:
-        if not task_setup_error(error):
-            raise
-        raise ConvertError(task_setup_failed(path, cfg.task.data, error))
 
 
 def check_dictionaries(task, cfg, weights: dict, path: str) -> None:
@@ -227,7 +215,10 @@ def convert_model(state: dict, memory_options: Dict[str, object], path: str = "c
     check_source_architecture(cfg.model, path)
     source_args = copy.deepcopy(as_namespace(cfg.model))
     check_memory_read(memory_options)
-    task = setup_task(cfg, path)
+    try:
+        task = setup_task(cfg.task, path)
+    except CheckpointError as error:
+        raise ConvertError(str(error)) from None
     check_dictionaries(task, cfg, state["model"], path)
     source = build_model(task, source_args, path)
     # --*-layers-to-keep pruned as the memory model prunes them (fairseq's pruning, given one side's

@@ -87,14 +87,14 @@ def check_paths(model_name_or_path, checkpoint_file: str, data_name_or_path: str
 
 
 def unusable_data(data: str, error: Exception):
-    """What the data folder lacks, and what to give, where fairseq's translation task stopped on it;
-    else None."""
+    """Where fairseq's translation task stopped on the data folder ``data``: the sentence that says
+    what it lacks and what to give; else None."""
     data_bin = "give data_name_or_path=, the data-bin folder the model was trained on"
     if str(error) == NO_LANGUAGE_PAIR:
         return no_language_pair(data, f"{data_bin}, or source_lang= and target_lang= with its dictionaries")
     name = os.path.basename(str(getattr(error, "filename", None) or ""))
     if isinstance(error, FileNotFoundError) and name.startswith("dict."):
-        return f"{data} holds no {name}: {data_bin}"
+        return f"{data} has no {name}; {data_bin}"
     return None
 
 

@@ -174,10 +174,9 @@ def measure_hub(run_dir, seed, env):
     wmt17_toy.prepare_train_evaluate(run_dir, "en-fr", with_seed(wmt17_toy.TINY_MODEL, seed),
                                      threads=env["OMP_NUM_THREADS"])
     model = test_hub.from_pretrained(test_hub.MemAttnLSTMModel, run_dir, wmt17_toy.CONFIG)
-    translations = model.translate(test_hub.SENTENCES, beam=10)
     best = model.generate(model.encode(test_hub.SENTENCES[2]), beam=10, print_alignment="hard")[0]
-    return {"translations_non_empty": all(t and "▁" not in t for t in translations),
-            "aligned_source_positions": len(set(s for s, _ in best["alignment"]))}
+    return {"translations_non_empty": test_hub.plain_text(model.translate(test_hub.SENTENCES, beam=10)),
+            "aligned_source_positions": test_hub.aligned_source_positions(best["alignment"])}
 
 
 def measure_quickstart(run_dir, seed, env):

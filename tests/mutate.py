@@ -71,7 +71,7 @@ MUTATIONS = {
                           "the translator's encoder runs written to their sources in reverse",
                           EXPORT_TESTS + "test_encoder_runs_on_slices_of_a_batch"),
     "max-len-batch": (DEPLOY, 'self.max_len((src_tokens != self.config["source_pad"]).sum(axis=1),',
-                      "self.max_len(np.full(bsz, src_tokens.shape[1]),",
+                      "self.max_len(np.full(len(src_tokens), src_tokens.shape[1]),",
                       "each source's maximum length from its batch's padded width, not its own tokens",
                       EXPORT_TESTS + "test_a_source_does_not_depend_on_its_batch"),
     "short-value-bias": (READS, "        if self.v_proj.bias is not None:\n            out = g.op(\"Add\", out, g.weight(self.v_proj.bias",

@@ -57,7 +57,7 @@ VARIANTS = {
 # export` over seeds 1-16 with 1 and 2 threads: the same best hypothesis for min 8, median 11.5 of the 12
 # sources; best scores apart by at most 0.086 (median 0.029).
 INT8_SAME, INT8_SCORE_DIFFERENCE = 6, 0.15
-# A transformer_memattn of 40 updates gives hypotheses of 4-11 lengths (`python tests/measure_trained.py
+# A transformer_memattn of 40 updates gives hypotheses of 4-11 distinct lengths (`python tests/measure_trained.py
 # export_variants`, seeds 1-5 x 1 and 2 threads); an LSTM, 1-10.
 TRANSFORMER_VARIANTS = [variant for variant, flags in VARIANTS.items() if "transformer_memattn" in flags]
 # Exported transformer_memattn models keep |S| memory rows for sources shorter than K = 4 tokens (one
@@ -65,6 +65,8 @@ TRANSFORMER_VARIANTS = [variant for variant, flags in VARIANTS.items() if "trans
 SHORT_SOURCE_ROWS = 4
 SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "--max-len-a", "0",
           "--max-len-b", "11"]
+# How much lower EOS's log-probability is made where a test needs hypotheses that run to their maximum length.
+LATE_EOS = 30
 # A negative --unkpen makes <unk> likely: with -4, 87-144 of the 160 hypotheses hold one (seeds 1-10; with
 # -2, 0-34, none for 2 of the 10 seeds; `python tests/measure_trained.py export`).
 UNK_PENALTY = -4
@@ -151,11 +153,12 @@ def test_translator_equals_fairseq_generate(trained, variant):
 @pytest.mark.parametrize("variant", [variant for variant in VARIANTS if variant not in TRANSFORMER_VARIANTS])
 def test_lstm_sentences_leave_the_batch_at_their_own_maximum_length(trained, variant, tmp_path):
     """An LSTM of 40 updates may end every hypothesis at once. With EOS made unlikely (its output bias
-    lowered by 30) each hypothesis runs to its source's own maximum length, 1 x |source| + 1, so that
+    lowered by LATE_EOS) each hypothesis runs to its source's own maximum length, 1 x |source| + 1, so that
     sources leave the translator's batch at different steps; fairseq-generate decodes one source a
     batch, its maximum length counting the batch's width."""
     state = torch.load(trained(variant)[0], weights_only=True)
-    state["model"]["decoder.output_projection.bias"][Dictionary().eos()] -= 30
+    eos = Dictionary().eos()  # the same index in every fairseq dictionary, the copy task's too
+    state["model"]["decoder.output_projection.bias"][eos] -= LATE_EOS
     checkpoint = tmp_path / "late_eos.pt"
     torch.save(state, checkpoint)
     export(str(checkpoint), str(tmp_path / "onnx"))
@@ -380,8 +383,8 @@ def test_export_reports_bad_checkpoint_and_option(tmp_path):
 
 @pytest.mark.slow
 def test_our_error_while_loading_is_not_taken_for_a_missing_data_folder(trained, tmp_path, monkeypatch):
-    """A UserError of the model's own loading (a misfit, say) names its fix; it is not the
-    'pass --data DIR' of a task that cannot be set up."""
+    """An error of the model's own loading is not the 'pass --data DIR' of a task that cannot be set
+    up: ours (a misfit, say) names its fix, any other stays what it is."""
     from fairseq import checkpoint_utils
 
     from fairseq_memattn.errors import UserError
@@ -391,6 +394,13 @@ def test_our_error_while_loading_is_not_taken_for_a_missing_data_folder(trained,
 
     monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", misfit)
     with pytest.raises(UserError, match=r"^checkpoint has memory_k=4 but the model was built with memory_k=8$"):
+        export(str(trained("lstm")[0]), str(tmp_path / "out"))
+
+    def broken(*args, **kwargs):  # the task is set up by then: this is no data folder's fault
+        raise ValueError("a weight of the wrong shape")
+
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", broken)
+    with pytest.raises(ValueError, match=r"^a weight of the wrong shape$"):
         export(str(trained("lstm")[0]), str(tmp_path / "out"))
 
 
@@ -462,8 +472,13 @@ def test_a_source_does_not_depend_on_its_batch(trained, monkeypatch):
     _, folder = trained("attention")
     translator = Translator(str(folder), threads=1)
     max_lens, batch_max_lens = [], translator.batch_max_lens
-    monkeypatch.setattr(translator, "batch_max_lens",
-                        lambda *args: max_lens.append(batch_max_lens(*args).tolist()) or np.array(max_lens[-1]))
+
+    def recorded(*args):
+        lengths = batch_max_lens(*args)
+        max_lens.append(lengths.tolist())
+        return lengths
+
+    monkeypatch.setattr(translator, "batch_max_lens", recorded)
     source = translator.src_dict.encode("3 1 4 1 5 9 2 6 5")
     longer = translator.src_dict.encode("3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 2")
     # 1 x |source| + 2 tokens; EOS forbidden before that length, forced at it
@@ -482,7 +497,7 @@ def test_short_and_long_sources_decode_in_one_batch_as_each_alone(trained, varia
     """Sources shorter than short_source_rows (|S| memory rows) and longer ones (K rows), interleaved:
     one decoder run for the batch, every source's hypotheses as alone, sentences leaving the batch
     from both sets at different steps. A model of 40 updates may end them all at once, so EOS is made
-    unlikely (its log-probability lowered by 30) until each source's own maximum length."""
+    unlikely (its log-probability lowered by LATE_EOS) until each source's own maximum length."""
     from fairseq_memattn.deploy import search as search_module
     from fairseq_memattn.deploy import translator as translator_module
 
@@ -490,7 +505,7 @@ def test_short_and_long_sources_decode_in_one_batch_as_each_alone(trained, varia
 
     def late_eos(vocab, eos, *args):
         edits = edit_table(vocab, eos, *args)
-        edits[0, eos] -= 30  # row 0: the steps between --min-len and the maximum length
+        edits[0, eos] -= LATE_EOS  # row 0: the steps between --min-len and the maximum length
         return edits
 
     monkeypatch.setattr(search_module, "edit_table", late_eos)
@@ -585,7 +600,10 @@ def test_data_is_honoured_from_any_folder(own_pair_transformer, tmp_path):
     command = [sys.executable, "-m", "fairseq_memattn.export", str(checkpoint)]
     without = subprocess.run([*command, str(tmp_path / "a")], env=clean_env(), cwd=tmp_path,
                              capture_output=True, text=True)
-    assert without.returncode == 2 and "pass --data DIR" in without.stderr.strip().splitlines()[-1]
+    assert without.returncode == 2 and re.fullmatch(
+        rf"fairseq-memattn-export: error: cannot set up the task of {re.escape(str(checkpoint))} on (\S+) "
+        r"\(FileNotFoundError: \[Errno 2\] No such file or directory: '\1/dict\.en\.txt'\); pass --data DIR, "
+        r"the folder with its dictionaries", without.stderr.strip().splitlines()[-1]), without.stderr[-500:]
     result = subprocess.run([*command, str(tmp_path / "b"), "--data", str(data_bin)], env=clean_env(),
                             cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

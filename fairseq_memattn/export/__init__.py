@@ -36,16 +36,13 @@ def load_checkpoint(path: str, data: str = None):
     from fairseq.models.transformer import TransformerModel
 
     from .. import register
-    from ..checkpoint_safety import (CheckpointError, architecture, read_checkpoint, registered_model,
-                                     task_setup_error, task_setup_failed)
+    from ..checkpoint_safety import CheckpointError, architecture, read_checkpoint, registered_model, setup_task
     from ..models.lstm_memattn import MemAttnLSTMModel
     from ..models.transformer_memattn import MemAttnTransformerModel
 
     register()
-    overrides = {"data": data} if data else None
     try:
-        # --data goes in here: given state=, load_model_ensemble_and_task does not apply the overrides.
-        state = read_checkpoint(path, data)
+        state = read_checkpoint(path, data)  # with --data: load_model_ensemble_and_task takes the state as it is
     except CheckpointError as error:
         raise ExportError(str(error)) from None
     cfg = state["cfg"]
@@ -60,14 +57,10 @@ def load_checkpoint(path: str, data: str = None):
         raise ExportError(f"unsupported --attention-type {cfg['model'].attention_type!r} in {path}: "
                           f"the export supports {SUPPORTED}")
     try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides,
-                                                                      state=state)
-    except UserError:
-        raise  # ours already names the problem and its fix (a misfit, a source too long)
-    except Exception as error:
-        if not task_setup_error(error):
-            raise
-        raise ExportError(task_setup_failed(path, cfg["task"].data, error))
+        task = setup_task(cfg["task"], path)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from None
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], task=task, state=state)
     model = models[0].float().eval()
     return model, task
 

@@ -43,7 +43,7 @@ from fairseq_memattn.staging import replace_atomically
 from recipes.bible import compare, lstm_gap
 from recipes.bible.converge_settings import (AVERAGE_LAST, CONVERT_FRACTIONS, CONVERT_RUNS, GPU_BATCH,
                                              LSTM_MODELS, MODELS, PAIRS, PATIENCE, PLOTTED_EXAMPLE, VARIANTS)
-from recipes.bible.converged_table import BEST_RECORD, archive_names, replaced, report
+from recipes.bible.converged_table import BEST_RECORD, MARKER, archive_names, replaced, report
 from recipes.bible.options import prepared
 from recipes.cli import check, existing_file, folder_with, output_dir, refuse_duplicates
 from recipes.convert import run as convert_run
@@ -264,7 +264,7 @@ def describe_machine(stage):
              f"fairseq {fairseq.__version__}", f"fairseq_memattn {fairseq_memattn.__version__}"]
     if torch.cuda.is_available():
         lines.append(f"gpu {torch.cuda.get_device_name(0)}")
-    with open(os.path.join(stage, "machine.txt"), "w", encoding="utf-8") as f:
+    with open(os.path.join(stage, MARKER), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     log(", ".join(lines))
 

@@ -291,7 +291,7 @@ def pair_rows(runs, device):
 
 
 def machine_lines(folder):
-    return [l for l in lstm_gap.read_lines(os.path.join(folder, "machine.txt")) if l]
+    return [l for l in lstm_gap.read_lines(os.path.join(folder, MARKER)) if l]
 
 
 def run_device(folder):
