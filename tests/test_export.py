@@ -67,8 +67,8 @@ SEARCH = ["--beam", "4", "--nbest", "4", "--lenpen", "0.6", "--min-len", "2", "-
           "--max-len-b", "11"]
 # How much lower EOS's log-probability is made where a test needs hypotheses that run to their maximum length.
 LATE_EOS = 30
-# A negative --unkpen makes <unk> likely: with -4, 87-144 of the 160 hypotheses hold one (seeds 1-10; with
-# -2, 0-34, none for 2 of the 10 seeds; `python tests/measure_trained.py export`).
+# A negative --unkpen makes <unk> likely: with -4, 87-144 of the 160 hypotheses hold one (seeds 1-10 x 1 and 2
+# threads; with -2, 0-34, none for 2 of the 10 seeds; `python tests/measure_trained.py export`).
 UNK_PENALTY = -4
 UNK_SEARCH = [*SEARCH, f"--unkpen={UNK_PENALTY}", "--batch-size", "8"]
 UNK_HYPOTHESIS = re.compile(r"^H-\d+\t\S+\t.*<unk>", re.M)
