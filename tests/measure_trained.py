@@ -85,8 +85,7 @@ def measure_cli(run_dir, seed, env):
     checkpoint, out, result = train_and_copy(test_cli, run_dir, seed, env)
     # fairseq-validate recomputes exactly this: the best checkpoint's validation loss
     valid_loss = torch.load(checkpoint, weights_only=True)["extra_state"]["best"]
-    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M))
-    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, re.M))
+    sources, hypotheses = test_cli.sources_and_hypotheses(out)
     empty = [i for i, source in sources.items() if source == ""]
     return {"bleu": result["bleu"], "accuracy": result["accuracy"], "valid_loss": valid_loss,
             "empty_sources_decoded_empty": all(hypotheses[i] == "" for i in empty),
@@ -188,21 +187,19 @@ def measure_quickstart(run_dir, seed, env):
     return json.loads((run_dir / "score.json").read_text())
 
 
-def train_export_variant(run_dir, seed, env, variant):
-    """test_export.py's training of one of its VARIANTS with this seed, in this environment."""
-    os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]  # test_export's commands run in os.environ
+def in_environment(run_dir, env):
+    """``run_dir`` made, and ``env``'s thread count in os.environ, where test_export's commands run."""
+    os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]
     run_dir.mkdir(parents=True, exist_ok=True)
-    return test_export.train(run_dir, [*test_export.VARIANTS[variant], "--seed", str(seed)])  # flags win
+    return run_dir
 
 
 def measure_export(run_dir, seed, env):
     """test_export.py's "attention" model: the int8 export against the float32 one, <unk> under
     --unkpen."""
-    checkpoint = train_export_variant(run_dir, seed, env, "attention")
-    test_export.export(str(checkpoint), str(run_dir / "float32"),
-                       short_source_rows=test_export.short_source_rows("attention"))
+    checkpoint, float32 = test_export.train_and_export(in_environment(run_dir, env), "attention", "--seed", str(seed))
     test_export.export(str(checkpoint), str(run_dir / "int8"), quantize="int8")
-    same, score_difference = test_export.int8_agreement(run_dir / "float32", run_dir / "int8")
+    same, score_difference = test_export.int8_agreement(float32, run_dir / "int8")
     _, out = test_export.generate(checkpoint, *test_export.UNK_SEARCH)
     return {"int8_same": same, "int8_score_difference": round(score_difference, 4),
             "unk_hypotheses": len(test_export.UNK_HYPOTHESIS.findall(out))}
@@ -212,7 +209,8 @@ def measure_export_variants(run_dir, seed, env):
     """test_translator_equals_fairseq_generate: the distinct hypothesis lengths of each variant."""
     lengths = {}
     for variant in test_export.VARIANTS:
-        checkpoint = train_export_variant(run_dir / variant, seed, env, variant)
+        checkpoint = test_export.train(in_environment(run_dir / variant, env),
+                                       [*test_export.VARIANTS[variant], "--seed", str(seed)])  # flags win
         expected, _ = test_export.generate(checkpoint, *test_export.SEARCH, "--batch-size", "8")
         lengths[variant] = len(test_export.hypothesis_lengths(expected))
     return lengths

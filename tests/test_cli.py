@@ -45,6 +45,12 @@ def generate(checkpoint, *extra, user_dir=PLUGIN_DIR, cwd=None):
                "--required-batch-size-multiple", "1", "--cpu", "--min-len", "0", *extra, cwd=cwd)
 
 
+def sources_and_hypotheses(out):
+    """fairseq-generate's S- and H- lines: ({id: source}, {id: best hypothesis})."""
+    return (dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M)),
+            dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, re.M)))
+
+
 def test_trained_model_copies_with_beam_search(checkpoint):
     out = generate(checkpoint, "--print-alignment").stdout
     assert re.search(r"^A-", out, re.M)
@@ -56,10 +62,9 @@ def test_empty_source_decodes_to_empty_output_with_min_len_0(checkpoint):
     and the scorer counts an empty hypothesis for an empty reference as exactly right.
     fairseq's default --min-len 1 forbids that output, and the task warns about it."""
     result = generate(checkpoint)
-    sources = dict(re.findall(r"^S-(\d+)\t(.*)$", result.stdout, re.M))
+    sources, hypotheses = sources_and_hypotheses(result.stdout)
     empty = [i for i, source in sources.items() if source == ""]
     assert len(empty) >= 5  # 100 examples, lengths uniform in 0..8
-    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", result.stdout, re.M))
     assert all(hypotheses[i] == "" for i in empty), {i: hypotheses[i] for i in empty}
     hyps, refs = read_generate_output(result.stdout.splitlines())  # in sample-id order
     pairs = dict(zip(sorted(sources, key=int), zip(hyps, refs)))
@@ -68,7 +73,7 @@ def test_empty_source_decodes_to_empty_output_with_min_len_0(checkpoint):
     assert "forbids the empty output" not in result.stderr
 
     forbidden = generate(checkpoint, "--min-len", "1")
-    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", forbidden.stdout, re.M))
+    _, hypotheses = sources_and_hypotheses(forbidden.stdout)
     assert all(hypotheses[i] != "" for i in empty)  # the option is obeyed, not overridden
     assert ("--min-len 1 forbids the empty output, but length-0 copy examples (about 1 in 9 at "
             "--copy-max-len 8) have an empty target") in forbidden.stderr

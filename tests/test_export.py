@@ -83,8 +83,8 @@ def short_source_rows(name):
     return SHORT_SOURCE_ROWS if name in TRANSFORMER_VARIANTS else None
 
 
-def train_and_export(folder, name):
-    checkpoint = train(folder, VARIANTS[name])
+def train_and_export(folder, name, *flags):
+    checkpoint = train(folder, [*VARIANTS[name], *flags])
     export(str(checkpoint), str(folder / "onnx"), short_source_rows=short_source_rows(name))
     return checkpoint, folder / "onnx"
 
